@@ -1,0 +1,2 @@
+//! Checkpoint readers (safetensors, GGUF), Llama-family model graphs and the artifact
+//! writer.

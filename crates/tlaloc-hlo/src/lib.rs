@@ -1,0 +1,1 @@
+//! A typed graph builder that prints StableHLO text.
