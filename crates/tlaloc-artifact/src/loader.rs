@@ -1,0 +1,285 @@
+//! Opening an artifact: read the manifest, refuse an unknown format version, validate it,
+//! resolve every path it names inside the directory, check each program signature against the
+//! contract and each weight file's length. Hashes are checked lazily per body
+//! ([`Artifact::body_text`]) and in full by [`Artifact::verify`].
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{ArtifactError, IntegrityProblem};
+use crate::manifest::{Entry, FORMAT_VERSION, MANIFEST_FILE, Manifest, WeightEntry};
+use crate::paths;
+use crate::program::ProgramSignature;
+
+/// An opened, validated artifact directory.
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    root: PathBuf,
+    manifest: Manifest,
+    /// Index-aligned with `manifest.entries`.
+    programs: Vec<ProgramSignature>,
+}
+
+/// What [`Artifact::verify`] hashed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub files: usize,
+    pub bytes: u64,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
+    move |source| ArtifactError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl Artifact {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Artifact, ArtifactError> {
+        let dir = dir.as_ref();
+        let root = dir.canonicalize().map_err(io_error(dir))?;
+        let manifest_path = root.join(MANIFEST_FILE);
+        let bytes = match std::fs::read(&manifest_path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ArtifactError::MissingFile {
+                    path: MANIFEST_FILE.to_owned(),
+                    field: "(the manifest itself)".to_owned(),
+                });
+            }
+            Err(source) => {
+                return Err(ArtifactError::Io {
+                    path: manifest_path,
+                    source,
+                });
+            }
+        };
+        let manifest = parse_manifest(&bytes)?;
+        manifest.validate()?;
+
+        for (i, entry) in manifest.entries.iter().enumerate() {
+            paths::resolve(&root, &entry.body, &format!("entries[{i}].body"))?;
+        }
+        for (i, w) in manifest.weights.iter().enumerate() {
+            let field = format!("weights[{i}].file");
+            let path = paths::resolve(&root, &w.file, &field)?;
+            let found = path.metadata().map_err(io_error(&path))?.len();
+            if found != w.byte_length {
+                return Err(ArtifactError::WeightLengthMismatch {
+                    file: w.file.clone(),
+                    slot: w.slot.clone(),
+                    expected: w.byte_length,
+                    found,
+                });
+            }
+        }
+        for (i, f) in manifest.tokenizer.files.iter().enumerate() {
+            paths::resolve(&root, &f.path, &format!("tokenizer.files[{i}].path"))?;
+        }
+
+        let mut programs = Vec::with_capacity(manifest.entries.len());
+        for (i, entry) in manifest.entries.iter().enumerate() {
+            let path = paths::resolve(&root, &entry.program, &format!("entries[{i}].program"))?;
+            let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+            let found: ProgramSignature =
+                serde_json::from_slice(&bytes).map_err(|source| ArtifactError::Json {
+                    path: entry.program.clone(),
+                    source,
+                })?;
+            let expected = ProgramSignature::expected_for(&manifest, entry);
+            found.check_against(&expected).map_err(|mismatch| {
+                ArtifactError::ProgramSignatureMismatch {
+                    entry: entry.name.clone(),
+                    file: entry.program.clone(),
+                    mismatch,
+                }
+            })?;
+            programs.push(found);
+        }
+
+        Ok(Artifact {
+            root,
+            manifest,
+            programs,
+        })
+    }
+
+    /// The canonical artifact directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&Entry, ArtifactError> {
+        self.manifest
+            .entry(name)
+            .ok_or_else(|| ArtifactError::UnknownEntry {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The (checked) signature of an entry's program.
+    pub fn program(&self, entry: &str) -> Result<&ProgramSignature, ArtifactError> {
+        let index = self
+            .manifest
+            .entries
+            .iter()
+            .position(|e| e.name == entry)
+            .ok_or_else(|| ArtifactError::UnknownEntry {
+                name: entry.to_owned(),
+            })?;
+        Ok(&self.programs[index])
+    }
+
+    /// The StableHLO text of an entry, refused if its sha256 is not the one in its file name.
+    pub fn body_text(&self, entry: &Entry) -> Result<String, ArtifactError> {
+        let expected =
+            paths::body_hash(&entry.body).map_err(|reason| ArtifactError::InvalidManifest {
+                field: format!("entry {} body", entry.name),
+                reason,
+            })?;
+        let path = paths::resolve(
+            &self.root,
+            &entry.body,
+            &format!("entry {} body", entry.name),
+        )?;
+        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+        let found = paths::sha256_hex(&bytes);
+        if found != expected {
+            return Err(ArtifactError::BodyHashMismatch {
+                file: entry.body.clone(),
+                found,
+            });
+        }
+        String::from_utf8(bytes).map_err(|_| ArtifactError::BodyNotUtf8 {
+            file: entry.body.clone(),
+        })
+    }
+
+    /// The bytes of one weight file (the operand itself), length-checked.
+    pub fn weight_bytes(&self, slot: &str) -> Result<Vec<u8>, ArtifactError> {
+        let weight =
+            self.manifest
+                .weight(slot)
+                .ok_or_else(|| ArtifactError::UnknownWeightSlot {
+                    slot: slot.to_owned(),
+                })?;
+        let path = self.resolve_weight(weight)?;
+        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+        if bytes.len() as u64 != weight.byte_length {
+            return Err(ArtifactError::WeightLengthMismatch {
+                file: weight.file.clone(),
+                slot: weight.slot.clone(),
+                expected: weight.byte_length,
+                found: bytes.len() as u64,
+            });
+        }
+        Ok(bytes)
+    }
+
+    fn resolve_weight(&self, weight: &WeightEntry) -> Result<PathBuf, ArtifactError> {
+        paths::resolve(
+            &self.root,
+            &weight.file,
+            &format!("weight {} file", weight.slot),
+        )
+    }
+
+    /// Re-hashes every body, weight and tokenizer file. All mismatches are reported together in
+    /// [`ArtifactError::IntegrityFailed`], each naming its file.
+    pub fn verify(&self) -> Result<VerifyReport, ArtifactError> {
+        let mut checks: Vec<(String, String)> = Vec::new();
+        for entry in &self.manifest.entries {
+            if let Ok(hash) = paths::body_hash(&entry.body)
+                && !checks.iter().any(|(file, _)| *file == entry.body)
+            {
+                checks.push((entry.body.clone(), hash.to_owned()));
+            }
+        }
+        checks.extend(
+            self.manifest
+                .weights
+                .iter()
+                .map(|w| (w.file.clone(), w.sha256.clone())),
+        );
+        checks.extend(
+            self.manifest
+                .tokenizer
+                .files
+                .iter()
+                .map(|f| (f.path.clone(), f.sha256.clone())),
+        );
+
+        let mut problems = Vec::new();
+        let mut report = VerifyReport { files: 0, bytes: 0 };
+        for (file, expected) in checks {
+            match hash_file(&self.root, &file) {
+                Ok((found, len)) => {
+                    report.files += 1;
+                    report.bytes += len;
+                    if found != expected {
+                        problems.push(IntegrityProblem::HashMismatch {
+                            file,
+                            expected,
+                            found,
+                        });
+                    }
+                }
+                Err(reason) => problems.push(IntegrityProblem::Unreadable { file, reason }),
+            }
+        }
+        if problems.is_empty() {
+            Ok(report)
+        } else {
+            Err(ArtifactError::IntegrityFailed { problems })
+        }
+    }
+}
+
+fn hash_file(root: &Path, file: &str) -> Result<(String, u64), String> {
+    let path = paths::resolve(root, file, "verify").map_err(|e| e.to_string())?;
+    let mut hasher = Sha256::new();
+    let mut reader = File::open(&path).map_err(|e| e.to_string())?;
+    let len = io::copy(&mut reader, &mut hasher).map_err(|e| e.to_string())?;
+    Ok((hex::encode(hasher.finalize()), len))
+}
+
+/// Reads `formatVersion` before the schema, so an artifact of another version is refused as
+/// such rather than as a schema error.
+fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ArtifactError> {
+    let json_error = |source| ArtifactError::Json {
+        path: MANIFEST_FILE.to_owned(),
+        source,
+    };
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(json_error)?;
+    match value.get("formatVersion") {
+        Some(v) => match v.as_u64() {
+            Some(found) if found == u64::from(FORMAT_VERSION) => {}
+            Some(found) => {
+                return Err(ArtifactError::UnsupportedFormatVersion {
+                    found,
+                    supported: FORMAT_VERSION,
+                });
+            }
+            None => {
+                return Err(ArtifactError::InvalidManifest {
+                    field: "formatVersion".into(),
+                    reason: format!("{v} is not a non-negative integer; expected {FORMAT_VERSION}"),
+                });
+            }
+        },
+        None => {
+            return Err(ArtifactError::InvalidManifest {
+                field: "formatVersion".into(),
+                reason: format!("missing; expected {FORMAT_VERSION}"),
+            });
+        }
+    }
+    serde_json::from_value(value).map_err(json_error)
+}

@@ -1,0 +1,477 @@
+//! The manifest `tlaloc-serving.json`: serde types in camelCase JSON, and the consistency
+//! checks between its parts that need no file access.
+//!
+//! Field order is struct order and every collection is a `Vec`, so serialization is stable and
+//! two exports with the same inputs are byte-identical.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::Dtype;
+use crate::error::ArtifactError;
+use crate::ladder::{EntryKind, Ladder, LadderPoint};
+use crate::paths;
+
+/// The manifest format this crate reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// File name of the manifest inside an artifact directory.
+pub const MANIFEST_FILE: &str = "tlaloc-serving.json";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub model: ModelConfig,
+    /// Weights and activations.
+    pub dtype: Dtype,
+    pub kv_cache: KvCacheLayout,
+    pub ladder: Ladder,
+    pub entries: Vec<Entry>,
+    pub padding: PaddingContract,
+    pub weights: Vec<WeightEntry>,
+    pub tokenizer: TokenizerFiles,
+    pub provenance: Provenance,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelConfig {
+    /// As exported by the checkpoint, e.g. `LlamaForCausalLM`.
+    pub architecture: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub tied_embeddings: bool,
+    pub attention_bias: bool,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "type",
+    rename_all = "lowercase",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
+pub enum RopeScaling {
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Layout of the paged KV cache: one K and one V pool per layer, each
+/// `[numBlocks, blockSize, numKvHeads, headDim]`. Block `scratchBlock` (0) is never allocated;
+/// padded rows write there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KvCacheLayout {
+    pub dtype: Dtype,
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub scratch_block: usize,
+}
+
+impl KvCacheLayout {
+    /// Dims of each layer's K (and V) pool.
+    pub fn pool_dims(&self) -> Vec<usize> {
+        vec![
+            self.num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        ]
+    }
+}
+
+/// One compiled program for one ladder point.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Entry {
+    pub name: String,
+    pub kind: EntryKind,
+    pub batch: usize,
+    pub tokens: usize,
+    pub context: usize,
+    /// `bodies/<sha256>.mlir`
+    pub body: String,
+    /// `programs/<name>.json`
+    pub program: String,
+}
+
+impl Entry {
+    /// The entry for `point` whose StableHLO text lives at `body` (as returned by the writer).
+    pub fn new(point: LadderPoint, body: String) -> Entry {
+        let name = point.name();
+        Entry {
+            program: paths::program_path(&name),
+            name,
+            kind: point.kind,
+            batch: point.batch,
+            tokens: point.tokens,
+            context: point.context,
+            body,
+        }
+    }
+
+    pub fn point(&self) -> LadderPoint {
+        LadderPoint {
+            kind: self.kind,
+            batch: self.batch,
+            tokens: self.tokens,
+            context: self.context,
+        }
+    }
+}
+
+/// Values that fill a dead row or token. Format version 1 fixes them; see
+/// [`PaddingContract::CONTRACT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PaddingContract {
+    pub token_ids: i32,
+    pub positions: i32,
+    /// Block 0 is the scratch block.
+    pub block_tables: i32,
+    /// Never 0: a zero length masks every key and the softmax becomes 0/0.
+    pub seq_lens: i32,
+    /// An out-of-bounds scatter index is dropped, so a dead token writes nothing.
+    pub slot_mapping: i32,
+}
+
+impl PaddingContract {
+    pub const CONTRACT: PaddingContract = PaddingContract {
+        token_ids: 0,
+        positions: 0,
+        block_tables: 0,
+        seq_lens: 1,
+        slot_mapping: -1,
+    };
+}
+
+impl Default for PaddingContract {
+    fn default() -> Self {
+        Self::CONTRACT
+    }
+}
+
+/// One weight slot: a raw little-endian, dense row-major file with no header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WeightEntry {
+    /// e.g. `layers.3.q_proj`
+    pub slot: String,
+    /// e.g. `weights/0012_layers.3.q_proj.bin`
+    pub file: String,
+    pub dtype: Dtype,
+    pub dims: Vec<usize>,
+    pub byte_length: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenizerFiles {
+    pub files: Vec<TokenizerFile>,
+    /// Whether `tokenizer_config.json` carries a chat template; `null` when there is no config.
+    pub chat_template: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenizerFile {
+    /// e.g. `tokenizer.json`
+    pub name: String,
+    /// e.g. `tokenizer/tokenizer.json`
+    pub path: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Provenance {
+    pub source: SourceCheckpoint,
+    /// `tlaloc-export <version>`
+    pub exporter: String,
+    /// The export options, as a JSON object.
+    pub options: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SourceCheckpoint {
+    /// e.g. `safetensors` or `gguf`
+    pub kind: String,
+    pub files: Vec<SourceFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SourceFile {
+    pub name: String,
+    pub sha256: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ArtifactError {
+    ArtifactError::InvalidManifest {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl Manifest {
+    /// Checks everything that can be checked without reading other files: the ladder, the KV
+    /// layout against the model and the ladder, the padding contract, entries against the
+    /// ladder (each point exactly once), path shapes, and weight byte lengths against dims.
+    pub fn validate(&self) -> Result<(), ArtifactError> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(ArtifactError::UnsupportedFormatVersion {
+                found: u64::from(self.format_version),
+                supported: FORMAT_VERSION,
+            });
+        }
+        self.validate_model()?;
+        if !self.dtype.is_model_dtype() {
+            return Err(invalid(
+                "dtype",
+                format!("{} is not a model dtype; use f32 or bf16", self.dtype),
+            ));
+        }
+        self.ladder
+            .validate()
+            .map_err(|source| ArtifactError::InvalidLadder { source })?;
+        self.validate_kv_cache()?;
+        if self.padding != PaddingContract::CONTRACT {
+            return Err(invalid(
+                "padding",
+                format!(
+                    "{:?} differs from the format's contract {:?}",
+                    self.padding,
+                    PaddingContract::CONTRACT
+                ),
+            ));
+        }
+        self.validate_entries()?;
+        self.validate_weights()?;
+        self.validate_tokenizer()?;
+        if !self.provenance.options.is_object() {
+            return Err(invalid("provenance.options", "must be a JSON object"));
+        }
+        Ok(())
+    }
+
+    fn validate_model(&self) -> Result<(), ArtifactError> {
+        let m = &self.model;
+        for (field, value) in [
+            ("model.hiddenSize", m.hidden_size),
+            ("model.intermediateSize", m.intermediate_size),
+            ("model.numLayers", m.num_layers),
+            ("model.numHeads", m.num_heads),
+            ("model.numKvHeads", m.num_kv_heads),
+            ("model.headDim", m.head_dim),
+            ("model.vocabSize", m.vocab_size),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be at least 1"));
+            }
+        }
+        if m.num_heads % m.num_kv_heads != 0 {
+            return Err(invalid(
+                "model.numKvHeads",
+                format!(
+                    "{} does not divide numHeads {}",
+                    m.num_kv_heads, m.num_heads
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_kv_cache(&self) -> Result<(), ArtifactError> {
+        let kv = &self.kv_cache;
+        let m = &self.model;
+        if !kv.dtype.is_model_dtype() {
+            return Err(invalid(
+                "kvCache.dtype",
+                format!(
+                    "{} is not supported for KV pools; use f32 or bf16",
+                    kv.dtype
+                ),
+            ));
+        }
+        for (field, found, expected, source) in [
+            (
+                "kvCache.numLayers",
+                kv.num_layers,
+                m.num_layers,
+                "model.numLayers",
+            ),
+            (
+                "kvCache.numKvHeads",
+                kv.num_kv_heads,
+                m.num_kv_heads,
+                "model.numKvHeads",
+            ),
+            ("kvCache.headDim", kv.head_dim, m.head_dim, "model.headDim"),
+            (
+                "kvCache.blockSize",
+                kv.block_size,
+                self.ladder.block_size,
+                "ladder.blockSize",
+            ),
+        ] {
+            if found != expected {
+                return Err(invalid(
+                    field,
+                    format!("{found} differs from {source} {expected}"),
+                ));
+            }
+        }
+        if kv.scratch_block != 0 {
+            return Err(invalid(
+                "kvCache.scratchBlock",
+                format!(
+                    "{} is not 0, the only scratch block the format knows",
+                    kv.scratch_block
+                ),
+            ));
+        }
+        let required = 1 + self.ladder.max_context / self.ladder.block_size;
+        if kv.num_blocks < required {
+            return Err(invalid(
+                "kvCache.numBlocks",
+                format!(
+                    "{} blocks cannot hold one sequence of maxContext {} plus the scratch block; at least {required} are needed",
+                    kv.num_blocks, self.ladder.max_context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_entries(&self) -> Result<(), ArtifactError> {
+        let mut names = BTreeSet::new();
+        let mut points = BTreeSet::new();
+        let expected: BTreeSet<LadderPoint> = self.ladder.points().into_iter().collect();
+        for (i, entry) in self.entries.iter().enumerate() {
+            let field = format!("entries[{i}] ({})", entry.name);
+            paths::check_name(&entry.name).map_err(|reason| invalid(&field, reason))?;
+            if !names.insert(entry.name.as_str()) {
+                return Err(invalid(field, "entry name appears twice"));
+            }
+            let point = entry.point();
+            if !expected.contains(&point) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{} batch {} tokens {} context {} is not a point of the ladder",
+                        point.kind, point.batch, point.tokens, point.context
+                    ),
+                ));
+            }
+            if !points.insert(point) {
+                return Err(invalid(field, "ladder point appears twice"));
+            }
+            let program = paths::program_path(&entry.name);
+            if entry.program != program {
+                return Err(invalid(
+                    format!("{field}.program"),
+                    format!("{:?} should be {program:?}", entry.program),
+                ));
+            }
+            paths::body_hash(&entry.body)
+                .map_err(|reason| invalid(format!("{field}.body"), reason))?;
+        }
+        if let Some(missing) = expected.difference(&points).next() {
+            return Err(invalid(
+                "entries",
+                format!("no entry for ladder point {}", missing.name()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_weights(&self) -> Result<(), ArtifactError> {
+        let mut slots = BTreeSet::new();
+        for (i, w) in self.weights.iter().enumerate() {
+            let field = format!("weights[{i}] ({})", w.slot);
+            if !slots.insert(w.slot.as_str()) {
+                return Err(invalid(field, "slot appears twice"));
+            }
+            if !w.dtype.is_model_dtype() {
+                return Err(invalid(
+                    format!("{field}.dtype"),
+                    format!("{} is not a weight dtype; use f32 or bf16", w.dtype),
+                ));
+            }
+            match w.dtype.byte_length(&w.dims) {
+                Some(len) if len == w.byte_length => {}
+                expected => {
+                    return Err(invalid(
+                        format!("{field}.byteLength"),
+                        format!(
+                            "{} disagrees with {} dims {:?} ({})",
+                            w.byte_length,
+                            w.dtype,
+                            w.dims,
+                            expected.map_or("overflow".to_owned(), |l| format!("{l} bytes")),
+                        ),
+                    ));
+                }
+            }
+            paths::check_sha256(&w.sha256)
+                .map_err(|reason| invalid(format!("{field}.sha256"), reason))?;
+        }
+        Ok(())
+    }
+
+    fn validate_tokenizer(&self) -> Result<(), ArtifactError> {
+        let mut names = BTreeSet::new();
+        for (i, f) in self.tokenizer.files.iter().enumerate() {
+            let field = format!("tokenizer.files[{i}] ({})", f.name);
+            if !names.insert(f.name.as_str()) {
+                return Err(invalid(field, "file name appears twice"));
+            }
+            paths::check_sha256(&f.sha256)
+                .map_err(|reason| invalid(format!("{field}.sha256"), reason))?;
+        }
+        Ok(())
+    }
+
+    /// The entry compiled for `point`, if any.
+    pub fn entry_for(&self, point: &LadderPoint) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.point() == *point)
+    }
+
+    pub fn entry(&self, name: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+
+    pub fn weight(&self, slot: &str) -> Option<&WeightEntry> {
+        self.weights.iter().find(|w| w.slot == slot)
+    }
+
+    /// Pretty JSON with a trailing newline: the exact bytes of `tlaloc-serving.json`.
+    pub fn to_json_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        crate::paths::pretty_json(self)
+    }
+}

@@ -1,0 +1,208 @@
+//! Program signatures (`programs/<entry>.json`) and the one definition of the forward-program
+//! contract, [`ProgramSignature::expected_for`], used both by the writer (to check each graph
+//! before writing it) and by the loader (to refuse a program that disagrees).
+//!
+//! Input order: `tokenIds`, `positions`, `blockTables`, `seqLens`, `slotMapping`, the weights
+//! in manifest order, then `K0, V0, K1, V1, ...`. Output order: `logits` `[B, V]` f32,
+//! `nextTokens` `[B]` i32, then `K0, V0, ...`. Every pool input is donated to its pool output.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::Dtype;
+use crate::manifest::{Entry, Manifest};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProgramSignature {
+    pub entry: String,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub donations: Vec<Donation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    pub role: Role,
+    pub dtype: Dtype,
+    pub dims: Vec<usize>,
+}
+
+/// What an operand is to the runtime. In JSON: `{"kind": "weight", "slot": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Role {
+    TokenIds,
+    Positions,
+    BlockTables,
+    SeqLens,
+    SlotMapping,
+    Weight { slot: String },
+    KPool { layer: usize },
+    VPool { layer: usize },
+    Logits,
+    NextTokens,
+}
+
+/// Input `input` is donated to (aliased with) output `output`; both are operand indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Donation {
+    pub input: usize,
+    pub output: usize,
+}
+
+/// Number of inputs before the first weight.
+pub const NUM_STEP_INPUTS: usize = 5;
+/// Number of outputs before the first pool.
+pub const NUM_STEP_OUTPUTS: usize = 2;
+
+/// The first field where a signature differs from the expected one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignatureMismatch {
+    /// e.g. `inputs[3] (seqLens).dims`
+    pub field: String,
+    pub expected: String,
+    pub found: String,
+}
+
+impl std::fmt::Display for SignatureMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: expected {}, found {}",
+            self.field, self.expected, self.found
+        )
+    }
+}
+
+fn spec(name: impl Into<String>, role: Role, dtype: Dtype, dims: Vec<usize>) -> TensorSpec {
+    TensorSpec {
+        name: name.into(),
+        role,
+        dtype,
+        dims,
+    }
+}
+
+impl ProgramSignature {
+    /// The exact contract signature of `entry` in an artifact described by `manifest`.
+    pub fn expected_for(manifest: &Manifest, entry: &Entry) -> ProgramSignature {
+        let b = entry.batch;
+        let t = entry.tokens;
+        let kv = &manifest.kv_cache;
+        let blocks_per_seq = entry.context / kv.block_size.max(1);
+        let pool = kv.pool_dims();
+
+        let mut inputs = vec![
+            spec("tokenIds", Role::TokenIds, Dtype::I32, vec![b, t]),
+            spec("positions", Role::Positions, Dtype::I32, vec![b, t]),
+            spec(
+                "blockTables",
+                Role::BlockTables,
+                Dtype::I32,
+                vec![b, blocks_per_seq],
+            ),
+            spec("seqLens", Role::SeqLens, Dtype::I32, vec![b]),
+            spec("slotMapping", Role::SlotMapping, Dtype::I32, vec![b * t]),
+        ];
+        inputs.extend(manifest.weights.iter().map(|w| {
+            spec(
+                w.slot.clone(),
+                Role::Weight {
+                    slot: w.slot.clone(),
+                },
+                w.dtype,
+                w.dims.clone(),
+            )
+        }));
+        let mut outputs = vec![
+            spec(
+                "logits",
+                Role::Logits,
+                Dtype::F32,
+                vec![b, manifest.model.vocab_size],
+            ),
+            spec("nextTokens", Role::NextTokens, Dtype::I32, vec![b]),
+        ];
+        let mut donations = Vec::with_capacity(2 * kv.num_layers);
+        for layer in 0..kv.num_layers {
+            for (name, role) in [
+                (format!("kPool.{layer}"), Role::KPool { layer }),
+                (format!("vPool.{layer}"), Role::VPool { layer }),
+            ] {
+                donations.push(Donation {
+                    input: inputs.len(),
+                    output: outputs.len(),
+                });
+                inputs.push(spec(name.clone(), role.clone(), kv.dtype, pool.clone()));
+                outputs.push(spec(name, role, kv.dtype, pool.clone()));
+            }
+        }
+        ProgramSignature {
+            entry: entry.name.clone(),
+            inputs,
+            outputs,
+            donations,
+        }
+    }
+
+    /// Compares with `expected` field by field; the first difference is named by its path.
+    pub fn check_against(&self, expected: &ProgramSignature) -> Result<(), SignatureMismatch> {
+        let mismatch = |field: String, expected: String, found: String| {
+            Err(SignatureMismatch {
+                field,
+                expected,
+                found,
+            })
+        };
+        if self.entry != expected.entry {
+            return mismatch(
+                "entry".into(),
+                format!("{:?}", expected.entry),
+                format!("{:?}", self.entry),
+            );
+        }
+        for (list, found, wanted) in [
+            ("inputs", &self.inputs, &expected.inputs),
+            ("outputs", &self.outputs, &expected.outputs),
+        ] {
+            for (i, (f, w)) in found.iter().zip(wanted.iter()).enumerate() {
+                let at = |field: &str| format!("{list}[{i}] ({}).{field}", w.name);
+                if f.name != w.name {
+                    return mismatch(at("name"), format!("{:?}", w.name), format!("{:?}", f.name));
+                }
+                if f.role != w.role {
+                    return mismatch(at("role"), format!("{:?}", w.role), format!("{:?}", f.role));
+                }
+                if f.dtype != w.dtype {
+                    return mismatch(at("dtype"), w.dtype.to_string(), f.dtype.to_string());
+                }
+                if f.dims != w.dims {
+                    return mismatch(at("dims"), format!("{:?}", w.dims), format!("{:?}", f.dims));
+                }
+            }
+            if found.len() != wanted.len() {
+                return mismatch(
+                    format!("{list}.length"),
+                    wanted.len().to_string(),
+                    found.len().to_string(),
+                );
+            }
+        }
+        if self.donations != expected.donations {
+            return mismatch(
+                "donations".into(),
+                format!("{:?}", expected.donations),
+                format!("{:?}", self.donations),
+            );
+        }
+        Ok(())
+    }
+
+    /// Pretty JSON with a trailing newline: the exact bytes of `programs/<entry>.json`.
+    pub fn to_json_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        crate::paths::pretty_json(self)
+    }
+}
