@@ -1,1 +1,35 @@
 //! A typed graph builder that prints StableHLO text.
+//!
+//! A [`FunctionBuilder`] holds an arena of typed [`Value`]s; every op checks its operands'
+//! dtypes and dims when it is added and returns [`HloError`] naming the op and the mismatch, so
+//! a malformed graph fails in Rust rather than inside a plugin's compiler. [`FunctionBuilder::finish`]
+//! yields a [`Module`] whose printer writes deterministic text (`module { func.func @main }`)
+//! that PJRT plugins compile.
+//!
+//! ```
+//! use tlaloc_hlo::{DType, FunctionBuilder, TensorType};
+//! let mut f = FunctionBuilder::new("double");
+//! let x = f.arg(TensorType::new(DType::F32, [4]));
+//! let y = f.add(x, x)?;
+//! let text = f.finish(&[y])?.to_text();
+//! assert!(text.contains("stablehlo.add"));
+//! # Ok::<(), tlaloc_hlo::HloError>(())
+//! ```
+
+mod builder;
+mod error;
+mod literal;
+mod module;
+mod ops;
+mod types;
+
+pub use builder::{FunctionBuilder, Value};
+pub use error::HloError;
+pub use half::{bf16, f16};
+pub use literal::{ConstData, Scalar};
+pub use module::{Argument, Module};
+pub use ops::{
+    BinaryOp, CompareDirection, CompareType, DotDims, GatherSpec, Precision, ReduceOp, ScatterSpec,
+    ScatterUpdate, UnaryOp,
+};
+pub use types::{DType, TensorType};

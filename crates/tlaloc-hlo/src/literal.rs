@@ -1,0 +1,235 @@
+//! Constant element data and its exact MLIR spelling.
+//!
+//! Floats are printed as hexadecimal bit patterns (`0x3F800000`), which MLIR's dense-elements
+//! parser reads back bit for bit, NaN payloads and infinities included; a decimal rendering
+//! would need a round-trip guarantee for every float width and has no spelling for NaN.
+
+use std::fmt;
+
+use half::{bf16, f16};
+
+use crate::types::DType;
+
+/// One element of a given type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    F32(f32),
+    Bf16(bf16),
+    F16(f16),
+    I32(i32),
+    I64(i64),
+    I8(i8),
+    U8(u8),
+    Pred(bool),
+}
+
+impl Scalar {
+    pub fn dtype(self) -> DType {
+        match self {
+            Scalar::F32(_) => DType::F32,
+            Scalar::Bf16(_) => DType::Bf16,
+            Scalar::F16(_) => DType::F16,
+            Scalar::I32(_) => DType::I32,
+            Scalar::I64(_) => DType::I64,
+            Scalar::I8(_) => DType::I8,
+            Scalar::U8(_) => DType::U8,
+            Scalar::Pred(_) => DType::Pred,
+        }
+    }
+
+    /// `value` as an element of `dtype`: floats round to nearest; integers and `i1` must be
+    /// represented exactly, otherwise `None`.
+    pub fn from_f64(dtype: DType, value: f64) -> Option<Scalar> {
+        let integral = value.fract() == 0.0;
+        let in_range = |lo: f64, hi: f64| integral && value >= lo && value <= hi;
+        Some(match dtype {
+            DType::F32 => Scalar::F32(value as f32),
+            DType::Bf16 => Scalar::Bf16(bf16::from_f64(value)),
+            DType::F16 => Scalar::F16(f16::from_f64(value)),
+            DType::I32 if in_range(i32::MIN.into(), i32::MAX.into()) => Scalar::I32(value as i32),
+            // i64::MAX is not an f64; 2^63 is the first value past the range.
+            DType::I64 if integral && value >= -(2f64.powi(63)) && value < 2f64.powi(63) => {
+                Scalar::I64(value as i64)
+            }
+            DType::I8 if in_range(i8::MIN.into(), i8::MAX.into()) => Scalar::I8(value as i8),
+            DType::U8 if in_range(0.0, u8::MAX.into()) => Scalar::U8(value as u8),
+            DType::Pred if value == 0.0 || value == 1.0 => Scalar::Pred(value == 1.0),
+            _ => return None,
+        })
+    }
+
+    /// The lowest value of the type (`-inf` for floats): the identity of `max`.
+    pub fn lowest(dtype: DType) -> Scalar {
+        match dtype {
+            DType::F32 => Scalar::F32(f32::NEG_INFINITY),
+            DType::Bf16 => Scalar::Bf16(bf16::NEG_INFINITY),
+            DType::F16 => Scalar::F16(f16::NEG_INFINITY),
+            DType::I32 => Scalar::I32(i32::MIN),
+            DType::I64 => Scalar::I64(i64::MIN),
+            DType::I8 => Scalar::I8(i8::MIN),
+            DType::U8 => Scalar::U8(0),
+            DType::Pred => Scalar::Pred(false),
+        }
+    }
+
+    /// The highest value of the type (`+inf` for floats): the identity of `min`.
+    pub fn highest(dtype: DType) -> Scalar {
+        match dtype {
+            DType::F32 => Scalar::F32(f32::INFINITY),
+            DType::Bf16 => Scalar::Bf16(bf16::INFINITY),
+            DType::F16 => Scalar::F16(f16::INFINITY),
+            DType::I32 => Scalar::I32(i32::MAX),
+            DType::I64 => Scalar::I64(i64::MAX),
+            DType::I8 => Scalar::I8(i8::MAX),
+            DType::U8 => Scalar::U8(u8::MAX),
+            DType::Pred => Scalar::Pred(true),
+        }
+    }
+
+    /// Zero of the type (`false` for `i1`).
+    pub fn zero(dtype: DType) -> Scalar {
+        match dtype {
+            DType::F32 => Scalar::F32(0.0),
+            DType::Bf16 => Scalar::Bf16(bf16::ZERO),
+            DType::F16 => Scalar::F16(f16::ZERO),
+            DType::I32 => Scalar::I32(0),
+            DType::I64 => Scalar::I64(0),
+            DType::I8 => Scalar::I8(0),
+            DType::U8 => Scalar::U8(0),
+            DType::Pred => Scalar::Pred(false),
+        }
+    }
+}
+
+/// Prints the element as MLIR's dense-elements parser reads it exactly.
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Scalar::F32(v) => write!(f, "0x{:08X}", v.to_bits()),
+            Scalar::Bf16(v) => write!(f, "0x{:04X}", v.to_bits()),
+            Scalar::F16(v) => write!(f, "0x{:04X}", v.to_bits()),
+            Scalar::I32(v) => write!(f, "{v}"),
+            Scalar::I64(v) => write!(f, "{v}"),
+            Scalar::I8(v) => write!(f, "{v}"),
+            Scalar::U8(v) => write!(f, "{v}"),
+            Scalar::Pred(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl From<f32> for Scalar {
+    fn from(v: f32) -> Self {
+        Scalar::F32(v)
+    }
+}
+impl From<bf16> for Scalar {
+    fn from(v: bf16) -> Self {
+        Scalar::Bf16(v)
+    }
+}
+impl From<f16> for Scalar {
+    fn from(v: f16) -> Self {
+        Scalar::F16(v)
+    }
+}
+impl From<i32> for Scalar {
+    fn from(v: i32) -> Self {
+        Scalar::I32(v)
+    }
+}
+impl From<i64> for Scalar {
+    fn from(v: i64) -> Self {
+        Scalar::I64(v)
+    }
+}
+impl From<i8> for Scalar {
+    fn from(v: i8) -> Self {
+        Scalar::I8(v)
+    }
+}
+impl From<u8> for Scalar {
+    fn from(v: u8) -> Self {
+        Scalar::U8(v)
+    }
+}
+impl From<bool> for Scalar {
+    fn from(v: bool) -> Self {
+        Scalar::Pred(v)
+    }
+}
+
+/// Dense constant data of one element type, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstData {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    Pred(Vec<bool>),
+}
+
+impl ConstData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            ConstData::F32(_) => DType::F32,
+            ConstData::Bf16(_) => DType::Bf16,
+            ConstData::F16(_) => DType::F16,
+            ConstData::I32(_) => DType::I32,
+            ConstData::I64(_) => DType::I64,
+            ConstData::I8(_) => DType::I8,
+            ConstData::U8(_) => DType::U8,
+            ConstData::Pred(_) => DType::Pred,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            ConstData::F32(v) => v.len(),
+            ConstData::Bf16(v) => v.len(),
+            ConstData::F16(v) => v.len(),
+            ConstData::I32(v) => v.len(),
+            ConstData::I64(v) => v.len(),
+            ConstData::I8(v) => v.len(),
+            ConstData::U8(v) => v.len(),
+            ConstData::Pred(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i`; `None` past the end.
+    pub fn get(&self, i: usize) -> Option<Scalar> {
+        Some(match self {
+            ConstData::F32(v) => Scalar::F32(*v.get(i)?),
+            ConstData::Bf16(v) => Scalar::Bf16(*v.get(i)?),
+            ConstData::F16(v) => Scalar::F16(*v.get(i)?),
+            ConstData::I32(v) => Scalar::I32(*v.get(i)?),
+            ConstData::I64(v) => Scalar::I64(*v.get(i)?),
+            ConstData::I8(v) => Scalar::I8(*v.get(i)?),
+            ConstData::U8(v) => Scalar::U8(*v.get(i)?),
+            ConstData::Pred(v) => Scalar::Pred(*v.get(i)?),
+        })
+    }
+}
+
+macro_rules! const_data_from_vec {
+    ($($t:ty => $variant:ident),* $(,)?) => {$(
+        impl From<Vec<$t>> for ConstData {
+            fn from(v: Vec<$t>) -> Self {
+                ConstData::$variant(v)
+            }
+        }
+        impl From<&[$t]> for ConstData {
+            fn from(v: &[$t]) -> Self {
+                ConstData::$variant(v.to_vec())
+            }
+        }
+    )*};
+}
+const_data_from_vec!(f32 => F32, bf16 => Bf16, f16 => F16, i32 => I32, i64 => I64, i8 => I8,
+    u8 => U8, bool => Pred);
