@@ -1,0 +1,156 @@
+//! What the scheduler asks of a model: run one entry on one step's inputs, return the next
+//! token of every row (and the logits when asked). The PJRT-backed implementation is
+//! [`crate::model::Model`]; tests drive the scheduler through a fake.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Whether an entry takes a chunk of prompt tokens (T ≥ 1) or one token per row (T = 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryKind {
+    /// Prompt chunks (each row a chunk of up to T tokens).
+    Prefill,
+    /// One new token per row.
+    Decode,
+}
+
+impl std::fmt::Display for EntryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EntryKind::Prefill => "prefill",
+            EntryKind::Decode => "decode",
+        })
+    }
+}
+
+/// One ladder point, one compiled program: `(kind, batch B, tokens T, context C)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryKey {
+    /// Prefill or decode.
+    pub kind: EntryKind,
+    /// Rows (B).
+    pub batch: usize,
+    /// Tokens per row (T; 1 for decode).
+    pub tokens: usize,
+    /// Context length the block tables cover (C; a multiple of the block size).
+    pub context: usize,
+}
+
+impl std::fmt::Display for EntryKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} B={} T={} C={}",
+            self.kind, self.batch, self.tokens, self.context
+        )
+    }
+}
+
+/// The inputs of one step, row-major, exactly as the forward-program contract names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepInputs {
+    /// `[B, T]`.
+    pub token_ids: Vec<i32>,
+    /// `[B, T]`.
+    pub positions: Vec<i32>,
+    /// `[B, C / blockSize]`.
+    pub block_tables: Vec<i32>,
+    /// `[B]`.
+    pub seq_lens: Vec<i32>,
+    /// `[B * T]`: `page * blockSize + offset`, or -1 for a token that writes nothing.
+    pub slot_mapping: Vec<i32>,
+    /// Whether any row needs its logits on the host (sampling or logprobs).
+    pub want_logits: bool,
+}
+
+/// What one step returns to the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// The in-graph argmax of each row, `[B]`.
+    pub next_tokens: Vec<i32>,
+    /// The last real token's logits per row, `[B, V]` row-major, when `want_logits` was set.
+    pub logits: Option<Vec<f32>>,
+    /// Where the step's time went inside the executor.
+    pub timings: StepTimings,
+}
+
+/// Host-side time of one step, split by phase (the scheduler adds `build`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTimings {
+    /// Building the input arrays on the host.
+    pub build: Duration,
+    /// Host to device copies of the inputs.
+    pub upload: Duration,
+    /// Launch until the outputs are ready.
+    pub execute: Duration,
+    /// Device to host copies of next tokens (and logits).
+    pub readback: Duration,
+}
+
+impl StepTimings {
+    /// The sum of the phases.
+    pub fn total(&self) -> Duration {
+        self.build + self.upload + self.execute + self.readback
+    }
+}
+
+impl std::ops::AddAssign for StepTimings {
+    fn add_assign(&mut self, rhs: Self) {
+        self.build += rhs.build;
+        self.upload += rhs.upload;
+        self.execute += rhs.execute;
+        self.readback += rhs.readback;
+    }
+}
+
+/// A step that failed inside the executor.
+#[derive(Debug, Error)]
+pub enum ExecutorError {
+    /// The entry is not in the artifact.
+    #[error("no compiled entry {0}; the artifact's ladder does not have it")]
+    UnknownEntry(EntryKey),
+    /// The inputs disagree with the entry's shape.
+    #[error("step inputs for entry {entry}: {what}")]
+    BadInputs { entry: EntryKey, what: String },
+    /// The plugin refused or failed the step.
+    #[error("step on entry {entry} failed: {message}")]
+    Device { entry: EntryKey, message: String },
+}
+
+/// Static facts about the model that the scheduler and the benchmark need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Vocabulary size (V, the logits' row length).
+    pub vocab_size: usize,
+    /// Tokens per K/V page.
+    pub block_size: usize,
+    /// Pages in each pool, the scratch page included.
+    pub num_blocks: usize,
+    /// Every compiled entry.
+    pub entries: Vec<EntryKey>,
+    /// End-of-sequence token ids (a request stops on them unless it ignores eos).
+    pub eos_token_ids: Vec<u32>,
+    /// Bytes of all weights (read once per step: the memory-bound floor).
+    pub weight_bytes: u64,
+    /// Bytes of K and V, all layers, for one token of context (read per step per token).
+    pub kv_bytes_per_token: u64,
+}
+
+impl ModelShape {
+    /// Bytes a decode step must read at least: every weight once, plus each row's K/V.
+    pub fn decode_floor_bytes(&self, context_tokens: &[usize]) -> u64 {
+        let kv: u64 =
+            context_tokens.iter().map(|&t| t as u64).sum::<u64>() * self.kv_bytes_per_token;
+        self.weight_bytes + kv
+    }
+}
+
+/// Runs compiled entries; one implementation per backend.
+pub trait ModelExecutor: Send {
+    /// The model's shape and ladder.
+    fn shape(&self) -> &ModelShape;
+
+    /// Runs `entry` on `inputs`; the K/V pools are updated in place (on the device).
+    fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError>;
+}

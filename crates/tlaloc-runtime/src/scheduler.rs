@@ -1,0 +1,923 @@
+//! Continuous batching: which sequences run in the next step, on which entry, with which inputs.
+//!
+//! Every sequence is a token list and a count of tokens whose K/V is already in the pools
+//! (`computed`). A step processes, for each of its rows, the tokens from `computed` on; when a
+//! row reaches the end of its list, the step's output for that row is a new token. A prompt is
+//! thus prefilled in chunks of the ladder's prefill sizes (each chunk continuing the earlier
+//! one: positions and slots go on from `computed`), and a sequence with exactly one token left
+//! is decoded. Preemption by recompute is then only `computed = 0`: the generated tokens are
+//! already in the list, so the sequence is prefilled again over prompt + output.
+//!
+//! Policy: steps alternate between one prefill step (the oldest sequences with prompt tokens
+//! left, as many as the largest prefill batch holds) and one decode step (every decoding
+//! sequence in one call, on the smallest batch bucket that fits and the smallest context bucket
+//! that holds the longest row), so that a stream of new prompts cannot starve running decodes.
+//! A waiting sequence is admitted when the pages its tokens need are free (counting what
+//! admitted, not yet prefilled sequences still need) and the running set is under the largest
+//! decode batch. When a sequence needs a page and none is free, the youngest running sequence
+//! is preempted: its pages freed at once, itself put back at the head of the queue.
+//!
+//! Row layout inside a prefill step: a row's real tokens are left-aligned; padding tokens after
+//! them have token 0, position 0 and slot -1. A row's `seqLens` is its context length after the
+//! step (the last real token's position + 1), so its last real token sits at index
+//! `seqLens[b] - 1 - positions[b, 0]`. Rows past the live ones follow the padding contract:
+//! tokenIds 0, positions 0, blockTables 0, seqLens 1, slotMapping -1.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::block_manager::{BlockManager, BlockPoolError, PageId};
+use crate::executor::{EntryKey, EntryKind, ModelShape, StepInputs, StepOutput};
+use crate::sampling::{Sampled, Sampler, SamplingParams};
+
+/// Identifies a request for its whole life (abort, events).
+pub type RequestId = u64;
+
+/// When a request stops, besides its token budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StopParams {
+    /// Stop after emitting any of these tokens.
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop on the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// One generation request as the scheduler takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceRequest {
+    /// Prompt token ids (at least one).
+    pub prompt_ids: Vec<u32>,
+    /// How tokens are chosen.
+    pub sampling: SamplingParams,
+    /// Stop tokens and eos handling.
+    pub stop: StopParams,
+    /// Generated tokens at most; `None` fills the context up to the top bucket.
+    pub max_tokens: Option<usize>,
+    /// How many top log-probabilities to return per token (`Some(0)`: the chosen one only).
+    pub logprobs: Option<usize>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// A stop or end-of-sequence token was emitted.
+    Stop,
+    /// The token budget was used up.
+    Length,
+    /// The request was aborted (by the caller, or its listener went away).
+    Abort,
+}
+
+impl FinishReason {
+    /// The OpenAI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Tokens of the prompt as submitted.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+}
+
+/// Where a request's time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestTimings {
+    /// Submission until its first step.
+    pub queued: Duration,
+    /// Submission until its first generated token.
+    pub time_to_first_token: Option<Duration>,
+    /// Submission until it finished.
+    pub total: Duration,
+    /// Times it was preempted and recomputed.
+    pub preemptions: u32,
+}
+
+/// A sequence that ended, with its accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finish {
+    /// Why.
+    pub reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Time split.
+    pub timings: RequestTimings,
+}
+
+/// What a step produced for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenUpdate {
+    /// The request.
+    pub id: RequestId,
+    /// The new token (with log-probabilities when asked).
+    pub sampled: Sampled,
+    /// Set when this token ended the request (its pages are already free).
+    pub finish: Option<Finish>,
+}
+
+/// A request refused at submission, named.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Refusal {
+    /// An empty prompt.
+    #[error("empty prompt refused; a prompt needs at least 1 token")]
+    EmptyPrompt,
+    /// A prompt token outside the vocabulary.
+    #[error(
+        "prompt token id {token} at index {index} refused: the vocabulary has ids 0..{vocab_size}"
+    )]
+    TokenOutOfVocabulary {
+        token: u32,
+        index: usize,
+        vocab_size: usize,
+    },
+    /// `max_tokens` of 0.
+    #[error("max_tokens 0 refused; ask for at least 1 token")]
+    ZeroMaxTokens,
+    /// Prompt plus budget past the top context bucket (never clamped).
+    #[error(
+        "prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} needs a context of {needed} tokens, past the artifact's top context bucket of {max_context}; shorten the prompt or lower max_tokens"
+    )]
+    ContextTooLong {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        needed: usize,
+        max_context: usize,
+    },
+    /// The sequence would need more pages than the pool holds in all.
+    #[error(
+        "a context of {needed} tokens needs {pages} K/V pages but the pool has only {allocatable}; export with more blocks or lower max_tokens"
+    )]
+    PoolTooSmall {
+        needed: usize,
+        pages: usize,
+        allocatable: usize,
+    },
+    /// A sampling parameter out of range.
+    #[error(transparent)]
+    Sampling(#[from] crate::sampling::InvalidSamplingParam),
+    /// `logprobs` past the vocabulary.
+    #[error("logprobs {asked} refused: at most {vocab_size} (the vocabulary size)")]
+    TooManyLogprobs { asked: usize, vocab_size: usize },
+}
+
+/// The ladder lacks what a scheduler needs.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LadderError {
+    /// No entry of a kind.
+    #[error(
+        "the artifact has no {0} entry; the scheduler needs at least one prefill and one decode entry"
+    )]
+    MissingKind(EntryKind),
+    /// An entry whose shape cannot be served.
+    #[error("entry {entry} refused: {why}")]
+    BadEntry { entry: EntryKey, why: &'static str },
+    /// The pool shape.
+    #[error(transparent)]
+    Pool(#[from] BlockPoolError),
+}
+
+/// A step the executor cannot run because the ladder has no entry for it (a hole in the grid).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "no {kind} entry holds {rows} row(s) of {tokens} token(s) at context {context}; the ladder has {entries:?}"
+)]
+pub struct NoEntry {
+    kind: EntryKind,
+    rows: usize,
+    tokens: usize,
+    context: usize,
+    entries: Vec<EntryKey>,
+}
+
+/// The entries the scheduler picks from, with the limits they imply.
+#[derive(Debug, Clone)]
+pub struct Ladder {
+    entries: Vec<EntryKey>,
+    block_size: usize,
+    max_decode_batch: usize,
+    max_prefill_batch: usize,
+    prefill_chunks: Vec<usize>,
+    max_context: usize,
+}
+
+impl Ladder {
+    /// Checks the entries against the block size and each other.
+    pub fn new(entries: &[EntryKey], block_size: usize) -> Result<Self, LadderError> {
+        for entry in entries {
+            let why = if entry.batch == 0 || entry.tokens == 0 || entry.context == 0 {
+                Some("B, T and C must all be at least 1")
+            } else if block_size == 0 || entry.context % block_size != 0 {
+                Some("its context is not a multiple of the block size")
+            } else if entry.kind == EntryKind::Decode && entry.tokens != 1 {
+                Some("a decode entry takes 1 token per row")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(LadderError::BadEntry { entry: *entry, why });
+            }
+        }
+        let of_kind = |kind| entries.iter().filter(move |e| e.kind == kind);
+        let top = |kind| of_kind(kind).map(|e: &EntryKey| e.context).max();
+        let top_decode =
+            top(EntryKind::Decode).ok_or(LadderError::MissingKind(EntryKind::Decode))?;
+        let top_prefill =
+            top(EntryKind::Prefill).ok_or(LadderError::MissingKind(EntryKind::Prefill))?;
+        let mut prefill_chunks: Vec<usize> =
+            of_kind(EntryKind::Prefill).map(|e| e.tokens).collect();
+        prefill_chunks.sort_unstable();
+        prefill_chunks.dedup();
+        let mut sorted = entries.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        Ok(Self {
+            max_decode_batch: of_kind(EntryKind::Decode)
+                .map(|e| e.batch)
+                .max()
+                .unwrap_or(1),
+            max_prefill_batch: of_kind(EntryKind::Prefill)
+                .map(|e| e.batch)
+                .max()
+                .unwrap_or(1),
+            max_context: top_decode.min(top_prefill),
+            entries: sorted,
+            block_size,
+            prefill_chunks,
+        })
+    }
+
+    /// Every entry, sorted.
+    pub fn entries(&self) -> &[EntryKey] {
+        &self.entries
+    }
+
+    /// The longest sequence (prompt + generated) served: the top context bucket.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Tokens per K/V page.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The largest decode batch.
+    pub fn max_decode_batch(&self) -> usize {
+        self.max_decode_batch
+    }
+
+    /// The smallest entry of `kind` with T = `tokens` that holds `rows` rows and `context`
+    /// tokens: batch rounded up first, then context.
+    pub fn select(
+        &self,
+        kind: EntryKind,
+        rows: usize,
+        tokens: usize,
+        context: usize,
+    ) -> Result<EntryKey, NoEntry> {
+        self.entries
+            .iter()
+            .filter(|e| {
+                e.kind == kind && e.tokens == tokens && e.batch >= rows && e.context >= context
+            })
+            .min_by_key(|e| (e.batch, e.context))
+            .copied()
+            .ok_or_else(|| NoEntry {
+                kind,
+                rows,
+                tokens,
+                context,
+                entries: self.entries.clone(),
+            })
+    }
+
+    /// The chunk size for a prompt with `remaining` tokens left: the smallest prefill size that
+    /// holds them all, else the largest.
+    fn chunk_for(&self, remaining: usize) -> usize {
+        self.prefill_chunks
+            .iter()
+            .copied()
+            .find(|&t| t >= remaining)
+            .unwrap_or_else(|| *self.prefill_chunks.last().expect("checked non-empty"))
+    }
+}
+
+#[derive(Debug)]
+struct Sequence {
+    id: RequestId,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    pages: Vec<PageId>,
+    sampler: Sampler,
+    stop: StopParams,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+    arrived: Instant,
+    first_scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    preemptions: u32,
+}
+
+impl Sequence {
+    fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn remaining(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    fn finish(&self, reason: FinishReason) -> Finish {
+        let now = Instant::now();
+        Finish {
+            reason,
+            usage: Usage {
+                prompt_tokens: self.prompt_len,
+                completion_tokens: self.output_len(),
+            },
+            timings: RequestTimings {
+                queued: self.first_scheduled.unwrap_or(now) - self.arrived,
+                time_to_first_token: self.first_token.map(|t| t - self.arrived),
+                total: now - self.arrived,
+                preemptions: self.preemptions,
+            },
+        }
+    }
+}
+
+/// One row of a scheduled step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPlan {
+    /// The request in this row.
+    pub id: RequestId,
+    /// Tokens the row processes.
+    pub tokens: usize,
+    /// Whether the row's output is a new token (the row reaches the end of its list).
+    pub emits: bool,
+}
+
+/// The next step to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledStep {
+    /// The entry to run.
+    pub entry: EntryKey,
+    /// Its inputs.
+    pub inputs: StepInputs,
+    /// The live rows, in row order (rows past them are padding).
+    pub rows: Vec<RowPlan>,
+}
+
+/// The step's output did not fit the step.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum OutputError {
+    /// Fewer next tokens than rows, or logits missing when asked for.
+    #[error("step output for entry {entry} is malformed: {what}")]
+    Malformed { entry: EntryKey, what: String },
+}
+
+/// Counts for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerCounts {
+    /// Sequences admitted (prefilling or decoding).
+    pub running: usize,
+    /// Sequences in the queue.
+    pub waiting: usize,
+    /// K/V pages held.
+    pub pages_used: usize,
+    /// K/V pages that can be held (all but the scratch page).
+    pub pages_total: usize,
+    /// Preemptions so far.
+    pub preemptions: u64,
+}
+
+/// The continuous-batching scheduler: queue, running set, page pool, sampling of outputs.
+#[derive(Debug)]
+pub struct Scheduler {
+    ladder: Ladder,
+    pool: BlockManager,
+    vocab_size: usize,
+    eos_token_ids: Vec<u32>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    last_was_prefill: bool,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over a model's ladder and pool.
+    pub fn new(shape: &ModelShape) -> Result<Self, LadderError> {
+        Ok(Self {
+            ladder: Ladder::new(&shape.entries, shape.block_size)?,
+            pool: BlockManager::new(shape.num_blocks, shape.block_size)?,
+            vocab_size: shape.vocab_size,
+            eos_token_ids: shape.eos_token_ids.clone(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            last_was_prefill: false,
+            preemptions: 0,
+        })
+    }
+
+    /// The ladder.
+    pub fn ladder(&self) -> &Ladder {
+        &self.ladder
+    }
+
+    /// Checks a request against the ladder, the pool and the vocabulary; returns its token
+    /// budget (`max_tokens`, or what the top context bucket leaves).
+    pub fn validate(&self, request: &SequenceRequest) -> Result<usize, Refusal> {
+        validate_request(
+            request,
+            &self.ladder,
+            self.pool.allocatable(),
+            self.pool.block_size(),
+            self.vocab_size,
+        )
+    }
+
+    /// Queues a request (validated here too).
+    pub fn add(&mut self, id: RequestId, request: SequenceRequest) -> Result<(), Refusal> {
+        self.add_arrived(id, request, Instant::now())
+    }
+
+    /// Queues a request that arrived at `arrived` (for accurate queue timings).
+    pub fn add_arrived(
+        &mut self,
+        id: RequestId,
+        request: SequenceRequest,
+        arrived: Instant,
+    ) -> Result<(), Refusal> {
+        let max_tokens = self.validate(&request)?;
+        let sampler = Sampler::new(request.sampling, &request.prompt_ids);
+        self.waiting.push_back(Sequence {
+            id,
+            prompt_len: request.prompt_ids.len(),
+            tokens: request.prompt_ids,
+            computed: 0,
+            pages: Vec::new(),
+            sampler,
+            stop: request.stop,
+            max_tokens,
+            logprobs: request.logprobs,
+            arrived,
+            first_scheduled: None,
+            first_token: None,
+            preemptions: 0,
+        });
+        Ok(())
+    }
+
+    /// Ends a request wherever it is, freeing its pages at once; `None` if it is not here.
+    pub fn abort(&mut self, id: RequestId) -> Option<Finish> {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i).expect("index found above")
+        };
+        Some(self.retire(seq, FinishReason::Abort))
+    }
+
+    /// Ends every request (after a failed step), freeing all pages.
+    pub fn abort_all(&mut self) -> Vec<(RequestId, Finish)> {
+        let all: Vec<Sequence> = self
+            .running
+            .drain(..)
+            .chain(self.waiting.drain(..))
+            .collect();
+        all.into_iter()
+            .map(|seq| (seq.id, self.retire(seq, FinishReason::Abort)))
+            .collect()
+    }
+
+    /// Whether anything is queued or running.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Counts for metrics.
+    pub fn counts(&self) -> SchedulerCounts {
+        SchedulerCounts {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            pages_used: self.pool.used(),
+            pages_total: self.pool.allocatable(),
+            preemptions: self.preemptions,
+        }
+    }
+
+    /// Chooses and builds the next step; `None` when there is nothing to run. A step that the
+    /// ladder cannot hold ends the sequences concerned (returned with the error).
+    pub fn schedule(
+        &mut self,
+    ) -> Result<Option<ScheduledStep>, (NoEntry, Vec<(RequestId, Finish)>)> {
+        self.admit();
+        let has_prefill = self.running.iter().any(|s| s.remaining() > 1);
+        let has_decode = self.running.iter().any(|s| s.remaining() == 1);
+        let step = if has_prefill && (!self.last_was_prefill || !has_decode) {
+            self.last_was_prefill = true;
+            self.schedule_prefill()
+        } else if has_decode {
+            self.last_was_prefill = false;
+            self.schedule_decode()
+        } else {
+            return Ok(None);
+        };
+        match step {
+            Ok(Some(step)) => {
+                let now = Instant::now();
+                for row in &step.rows {
+                    if let Some(seq) = self.running.iter_mut().find(|s| s.id == row.id) {
+                        seq.first_scheduled.get_or_insert(now);
+                    }
+                }
+                Ok(Some(step))
+            }
+            // Everything the step wanted was preempted; the queue will try again.
+            Ok(None) => Ok(None),
+            Err((err, ids)) => {
+                let ended = ids
+                    .into_iter()
+                    .filter_map(|id| self.abort(id).map(|f| (id, f)))
+                    .collect();
+                Err((err, ended))
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        let outstanding: usize = self
+            .running
+            .iter()
+            .map(|s| {
+                self.pool
+                    .pages_for(s.tokens.len())
+                    .saturating_sub(s.pages.len())
+            })
+            .sum();
+        let mut free = self.pool.free_count().saturating_sub(outstanding);
+        while self.running.len() < self.ladder.max_decode_batch {
+            let Some(next) = self.waiting.front() else {
+                break;
+            };
+            let need = self.pool.pages_for(next.tokens.len());
+            if need > free {
+                break;
+            }
+            free -= need;
+            let seq = self.waiting.pop_front().expect("front checked");
+            self.running.push(seq);
+        }
+    }
+
+    /// Frees the youngest running sequence's pages and queues it first; returns its id.
+    fn preempt_youngest(&mut self) -> Option<RequestId> {
+        let mut seq = self.running.pop()?;
+        self.pool.release(&mut seq.pages);
+        seq.computed = 0;
+        seq.preemptions += 1;
+        self.preemptions += 1;
+        tracing::debug!(
+            id = seq.id,
+            tokens = seq.tokens.len(),
+            "preempted for recompute"
+        );
+        let id = seq.id;
+        self.waiting.push_front(seq);
+        Some(id)
+    }
+
+    /// Grows the pages of running sequence `id` to hold `tokens`, preempting the youngest
+    /// others as needed; `false` if `id` itself had to be preempted.
+    fn reserve(&mut self, id: RequestId, tokens: usize) -> bool {
+        loop {
+            let i = self
+                .running
+                .iter()
+                .position(|s| s.id == id)
+                .expect("running");
+            let seq = &mut self.running[i];
+            if self.pool.grow_to(&mut seq.pages, tokens) {
+                return true;
+            }
+            if self.preempt_youngest() == Some(id) {
+                return false;
+            }
+        }
+    }
+
+    fn schedule_decode(&mut self) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
+        let candidates: Vec<RequestId> = self
+            .running
+            .iter()
+            .filter(|s| s.remaining() == 1)
+            .map(|s| s.id)
+            .take(self.ladder.max_decode_batch)
+            .collect();
+        let mut rows = Vec::new();
+        for id in candidates {
+            let Some(seq) = self.running.iter().find(|s| s.id == id) else {
+                continue; // preempted to make room for an older one
+            };
+            let len = seq.tokens.len();
+            if self.reserve(id, len) {
+                rows.push(id);
+            }
+        }
+        rows.retain(|id| self.running.iter().any(|s| s.id == *id));
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let context = rows
+            .iter()
+            .map(|id| self.seq(*id).tokens.len())
+            .max()
+            .expect("non-empty");
+        let entry = self
+            .ladder
+            .select(EntryKind::Decode, rows.len(), 1, context)
+            .map_err(|e| (e, rows.clone()))?;
+        let plans: Vec<RowPlan> = rows
+            .iter()
+            .map(|&id| RowPlan {
+                id,
+                tokens: 1,
+                emits: true,
+            })
+            .collect();
+        Ok(Some(self.build(entry, plans)))
+    }
+
+    fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
+        let mut ids: Vec<RequestId> = self
+            .running
+            .iter()
+            .filter(|s| s.remaining() > 1)
+            .map(|s| s.id)
+            .take(self.ladder.max_prefill_batch)
+            .collect();
+        let first_remaining = self.seq(ids[0]).remaining();
+        let chunk = self.ladder.chunk_for(first_remaining);
+        loop {
+            let context = ids
+                .iter()
+                .map(|id| {
+                    let s = self.seq(*id);
+                    s.computed + s.remaining().min(chunk)
+                })
+                .max()
+                .expect("non-empty");
+            match self
+                .ladder
+                .select(EntryKind::Prefill, ids.len(), chunk, context)
+            {
+                Ok(_) => break,
+                Err(e) if ids.len() == 1 => return Err((e, ids)),
+                Err(_) => {
+                    ids.pop();
+                }
+            }
+        }
+        let mut plans = Vec::new();
+        for id in ids {
+            let Some(seq) = self.running.iter().find(|s| s.id == id) else {
+                continue;
+            };
+            let tokens = seq.remaining().min(chunk);
+            let end = seq.computed + tokens;
+            let emits = end == seq.tokens.len();
+            if self.reserve(id, end) {
+                plans.push(RowPlan { id, tokens, emits });
+            }
+        }
+        plans.retain(|p| self.running.iter().any(|s| s.id == p.id));
+        if plans.is_empty() {
+            return Ok(None);
+        }
+        let context = plans
+            .iter()
+            .map(|p| self.seq(p.id).computed + p.tokens)
+            .max()
+            .expect("non-empty");
+        let entry = self
+            .ladder
+            .select(EntryKind::Prefill, plans.len(), chunk, context)
+            .map_err(|e| (e, plans.iter().map(|p| p.id).collect()))?;
+        Ok(Some(self.build(entry, plans)))
+    }
+
+    fn seq(&self, id: RequestId) -> &Sequence {
+        self.running.iter().find(|s| s.id == id).expect("running")
+    }
+
+    /// Lays out the inputs of `entry` for `rows`; rows past them follow the padding contract.
+    fn build(&self, entry: EntryKey, rows: Vec<RowPlan>) -> ScheduledStep {
+        let (b, t) = (entry.batch, entry.tokens);
+        let bs = self.pool.block_size();
+        let cols = entry.context / bs;
+        let mut inputs = StepInputs {
+            token_ids: vec![0; b * t],
+            positions: vec![0; b * t],
+            block_tables: vec![0; b * cols],
+            seq_lens: vec![1; b],
+            slot_mapping: vec![-1; b * t],
+            want_logits: false,
+        };
+        for (r, plan) in rows.iter().enumerate() {
+            let seq = self.seq(plan.id);
+            for (j, &page) in seq.pages.iter().take(cols).enumerate() {
+                inputs.block_tables[r * cols + j] = page as i32;
+            }
+            for k in 0..plan.tokens {
+                let pos = seq.computed + k;
+                inputs.token_ids[r * t + k] = seq.tokens[pos] as i32;
+                inputs.positions[r * t + k] = pos as i32;
+                let page = seq.pages[pos / bs] as usize;
+                inputs.slot_mapping[r * t + k] = (page * bs + pos % bs) as i32;
+            }
+            inputs.seq_lens[r] = (seq.computed + plan.tokens) as i32;
+            if plan.emits
+                && (!seq.sampler.params().uses_in_graph_argmax() || seq.logprobs.is_some())
+            {
+                inputs.want_logits = true;
+            }
+        }
+        ScheduledStep {
+            entry,
+            inputs,
+            rows,
+        }
+    }
+
+    /// Takes a step's output: advances every row, samples the new tokens, ends the sequences
+    /// that stop (freeing their pages) and returns one update per new token.
+    pub fn complete(
+        &mut self,
+        step: &ScheduledStep,
+        output: &StepOutput,
+    ) -> Result<Vec<TokenUpdate>, OutputError> {
+        let malformed = |what: String| OutputError::Malformed {
+            entry: step.entry,
+            what,
+        };
+        if output.next_tokens.len() < step.rows.len() {
+            return Err(malformed(format!(
+                "{} next tokens for {} rows",
+                output.next_tokens.len(),
+                step.rows.len()
+            )));
+        }
+        let logits = match (&output.logits, step.inputs.want_logits) {
+            (Some(l), true) if l.len() == step.entry.batch * self.vocab_size => Some(l.as_slice()),
+            (Some(l), true) => {
+                return Err(malformed(format!(
+                    "{} logits, expected {} rows x {} vocab",
+                    l.len(),
+                    step.entry.batch,
+                    self.vocab_size
+                )));
+            }
+            (None, true) => return Err(malformed("logits asked for but not returned".into())),
+            (_, false) => None,
+        };
+        let now = Instant::now();
+        let mut updates = Vec::new();
+        let mut ended = Vec::new();
+        for (r, plan) in step.rows.iter().enumerate() {
+            let Some(i) = self.running.iter().position(|s| s.id == plan.id) else {
+                continue;
+            };
+            let vocab = self.vocab_size;
+            let seq = &mut self.running[i];
+            seq.computed += plan.tokens;
+            if !plan.emits {
+                continue;
+            }
+            let row_logits = logits.map(|l| &l[r * vocab..(r + 1) * vocab]);
+            let in_graph = output.next_tokens[r];
+            let sampled = match row_logits {
+                Some(row) if !seq.sampler.params().uses_in_graph_argmax() => {
+                    seq.sampler.sample(row, seq.logprobs)
+                }
+                Some(row) => {
+                    seq.sampler
+                        .logprobs_of(row, in_graph as u32, seq.logprobs.unwrap_or(0))
+                }
+                None => Sampled {
+                    token: in_graph as u32,
+                    logprob: None,
+                    top_logprobs: Vec::new(),
+                },
+            };
+            if sampled.token as usize >= vocab {
+                return Err(malformed(format!(
+                    "row {r} produced token {} outside the vocabulary of {vocab}",
+                    sampled.token
+                )));
+            }
+            seq.tokens.push(sampled.token);
+            seq.sampler.observe(sampled.token);
+            seq.first_token.get_or_insert(now);
+            let token = sampled.token;
+            let reason = if seq.stop.stop_token_ids.contains(&token)
+                || (!seq.stop.ignore_eos && self.eos_token_ids.contains(&token))
+            {
+                Some(FinishReason::Stop)
+            } else if seq.output_len() >= seq.max_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                ended.push((updates.len(), plan.id, reason));
+            }
+            updates.push(TokenUpdate {
+                id: plan.id,
+                sampled,
+                finish: None,
+            });
+        }
+        for (u, id, reason) in ended {
+            let i = self
+                .running
+                .iter()
+                .position(|s| s.id == id)
+                .expect("running");
+            let seq = self.running.remove(i);
+            updates[u].finish = Some(self.retire(seq, reason));
+        }
+        Ok(updates)
+    }
+
+    fn retire(&mut self, mut seq: Sequence, reason: FinishReason) -> Finish {
+        self.pool.release(&mut seq.pages);
+        seq.finish(reason)
+    }
+}
+
+/// The submission-time checks, shared with the engine handle (which refuses without a round
+/// trip to the engine thread).
+pub(crate) fn validate_request(
+    request: &SequenceRequest,
+    ladder: &Ladder,
+    allocatable_pages: usize,
+    block_size: usize,
+    vocab_size: usize,
+) -> Result<usize, Refusal> {
+    let prompt = &request.prompt_ids;
+    if prompt.is_empty() {
+        return Err(Refusal::EmptyPrompt);
+    }
+    if let Some((index, &token)) = prompt
+        .iter()
+        .enumerate()
+        .find(|(_, t)| **t as usize >= vocab_size)
+    {
+        return Err(Refusal::TokenOutOfVocabulary {
+            token,
+            index,
+            vocab_size,
+        });
+    }
+    request.sampling.validate()?;
+    if let Some(asked) = request.logprobs
+        && asked > vocab_size
+    {
+        return Err(Refusal::TooManyLogprobs { asked, vocab_size });
+    }
+    let max_context = ladder.max_context();
+    let max_tokens = match request.max_tokens {
+        Some(0) => return Err(Refusal::ZeroMaxTokens),
+        Some(n) => n,
+        None => max_context.saturating_sub(prompt.len()).max(1),
+    };
+    let needed = prompt.len().saturating_add(max_tokens);
+    if needed > max_context {
+        return Err(Refusal::ContextTooLong {
+            prompt_tokens: prompt.len(),
+            max_tokens,
+            needed,
+            max_context,
+        });
+    }
+    let pages = needed.div_ceil(block_size);
+    if pages > allocatable_pages {
+        return Err(Refusal::PoolTooSmall {
+            needed,
+            pages,
+            allocatable: allocatable_pages,
+        });
+    }
+    Ok(max_tokens)
+}
