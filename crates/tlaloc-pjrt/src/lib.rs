@@ -1,3 +1,28 @@
 //! Safe Rust binding of the PJRT C API, loaded at run time.
 //!
-//! Every `unsafe` block of the project lives in this crate.
+//! Every `unsafe` block of the project lives in this crate, in three layers: [`ffi`] (hand-written
+//! `#[repr(C)]` mirrors, checked against the plugin's header by a test), `api` (the loaded function
+//! table and the single path every C call takes, which checks the entry is present and turns a
+//! `PJRT_Error*` into [`Error`]), and the safe owning types ([`Plugin`], [`Client`], [`Device`],
+//! [`Buffer`], [`LoadedExecutable`], [`Event`]), each destroying its PJRT object on drop.
+
+mod api;
+mod buffer;
+mod client;
+mod compile_options;
+pub mod discovery;
+mod error;
+mod event;
+mod executable;
+pub mod ffi;
+mod plugin;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use buffer::{Buffer, Element, ElementType, PendingHostCopy};
+pub use client::{Client, ClientOptions, Device, GpuAllocator, GpuOptions, MemoryStats};
+pub use compile_options::CompileOptions;
+pub use error::{Error, ErrorCode, Result};
+pub use event::Event;
+pub use executable::{ExecuteArg, LoadedExecutable};
+pub use plugin::{AttributeValue, Plugin};

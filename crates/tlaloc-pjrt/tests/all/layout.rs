@@ -1,0 +1,1 @@
+//! The mirrored structs against the plugin's own C header.

@@ -1,0 +1,7 @@
+//! Integration tests of the PJRT binding, linked into one binary. Every test that needs a plugin
+//! runs on each plugin of the test convention (`tlaloc_pjrt::testing`).
+
+mod common;
+mod execute;
+mod layout;
+mod plugin;
