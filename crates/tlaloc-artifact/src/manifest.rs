@@ -92,6 +92,24 @@ pub struct KvCacheLayout {
 }
 
 impl KvCacheLayout {
+    /// The layout for `model` with `num_blocks` blocks (scratch block included) of `block_size`.
+    pub fn for_model(
+        model: &ModelConfig,
+        dtype: Dtype,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> KvCacheLayout {
+        KvCacheLayout {
+            dtype,
+            num_layers: model.num_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+            scratch_block: 0,
+        }
+    }
+
     /// Dims of each layer's K (and V) pool.
     pub fn pool_dims(&self) -> Vec<usize> {
         vec![

@@ -358,3 +358,12 @@ fn manifest_inconsistencies_are_refused_naming_the_field() {
         }
     }
 }
+
+#[test]
+fn unknown_manifest_field_is_refused_naming_it() {
+    let (_tmp, dir, _) = fixture::written();
+    fixture::edit_manifest(&dir, |m| m["kvCache"]["quantization"] = "int4".into());
+    let err = open_err(&dir);
+    assert!(matches!(err, ArtifactError::Json { .. }), "{err:?}");
+    assert!(err.to_string().contains("quantization"), "{err}");
+}
