@@ -1,2 +1,22 @@
 //! Checkpoint readers (safetensors, GGUF), Llama-family model graphs and the artifact
 //! writer.
+//!
+//! Ingestion: [`Checkpoint::open`] reads a Hugging Face directory or a `.gguf` file into a checked
+//! [`ModelConfig`], [`TokenizerFiles`] and tensors addressed by [`Role`]; [`describe`] renders
+//! what `tlaloc inspect` prints.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod gguf;
+mod mapped;
+pub mod safetensors;
+pub mod tokenizer;
+
+pub use checkpoint::{
+    describe, Checkpoint, LayerRole, Role, SourceFile, SourceInfo, SourceKind, Tensor, TensorData,
+    TensorMeta,
+};
+pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
+pub use error::{IngestError, Result};
+pub use tokenizer::TokenizerFiles;

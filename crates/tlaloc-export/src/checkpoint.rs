@@ -1,0 +1,591 @@
+//! A checkpoint opened for export: its checked config, its tokenizer files, where it came from,
+//! and every tensor addressed by the role it plays in a Llama-family decoder rather than by the
+//! name some format gives it. Opening verifies that each tensor has a role, that each role the
+//! config requires is present and that every shape agrees with the config, so nothing downstream
+//! meets a surprise.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use sha2::{Digest, Sha256};
+
+use crate::config::{HfConfig, ModelConfig};
+use crate::error::{io_error, IngestError, Result};
+use crate::gguf::GgufCheckpoint;
+use crate::safetensors::SafetensorsStore;
+use crate::tokenizer::TokenizerFiles;
+
+/// What a tensor is for inside one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LayerRole {
+    /// RMSNorm weight before attention.
+    AttnNorm,
+    /// Query projection weight.
+    Q,
+    /// Key projection weight.
+    K,
+    /// Value projection weight.
+    V,
+    /// Attention output projection weight.
+    O,
+    /// Query projection bias.
+    QBias,
+    /// Key projection bias.
+    KBias,
+    /// Value projection bias.
+    VBias,
+    /// Output projection bias.
+    OBias,
+    /// RMSNorm weight before the MLP.
+    MlpNorm,
+    /// MLP gate projection weight.
+    Gate,
+    /// MLP up projection weight.
+    Up,
+    /// MLP down projection weight.
+    Down,
+    /// MLP gate projection bias.
+    GateBias,
+    /// MLP up projection bias.
+    UpBias,
+    /// MLP down projection bias.
+    DownBias,
+}
+
+/// What a tensor is for in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Token embedding `[vocab, hidden]`.
+    Embedding,
+    /// Output projection `[vocab, hidden]` (the embedding when tied).
+    LmHead,
+    /// Final RMSNorm weight.
+    FinalNorm,
+    /// A tensor of decoder layer `n`.
+    Layer(usize, LayerRole),
+}
+
+const LAYER_ROLES: [(LayerRole, &str, &str); 16] = [
+    (LayerRole::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    (LayerRole::Q, "self_attn.q_proj.weight", "attn_q.weight"),
+    (LayerRole::K, "self_attn.k_proj.weight", "attn_k.weight"),
+    (LayerRole::V, "self_attn.v_proj.weight", "attn_v.weight"),
+    (LayerRole::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    (LayerRole::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
+    (LayerRole::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
+    (LayerRole::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
+    (LayerRole::OBias, "self_attn.o_proj.bias", "attn_output.bias"),
+    (LayerRole::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    (LayerRole::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
+    (LayerRole::Up, "mlp.up_proj.weight", "ffn_up.weight"),
+    (LayerRole::Down, "mlp.down_proj.weight", "ffn_down.weight"),
+    (LayerRole::GateBias, "mlp.gate_proj.bias", "ffn_gate.bias"),
+    (LayerRole::UpBias, "mlp.up_proj.bias", "ffn_up.bias"),
+    (LayerRole::DownBias, "mlp.down_proj.bias", "ffn_down.bias"),
+];
+
+impl Role {
+    /// The Hugging Face state-dict name of this role.
+    pub fn hf_name(self) -> String {
+        match self {
+            Role::Embedding => "model.embed_tokens.weight".into(),
+            Role::LmHead => "lm_head.weight".into(),
+            Role::FinalNorm => "model.norm.weight".into(),
+            Role::Layer(n, r) => format!("model.layers.{n}.{}", layer_names(r).0),
+        }
+    }
+
+    /// The llama.cpp GGUF tensor name of this role.
+    pub fn gguf_name(self) -> String {
+        match self {
+            Role::Embedding => "token_embd.weight".into(),
+            Role::LmHead => "output.weight".into(),
+            Role::FinalNorm => "output_norm.weight".into(),
+            Role::Layer(n, r) => format!("blk.{n}.{}", layer_names(r).1),
+        }
+    }
+
+    /// The role a Hugging Face state-dict name plays, if any.
+    pub fn from_hf_name(name: &str) -> Option<Role> {
+        match name {
+            "model.embed_tokens.weight" => Some(Role::Embedding),
+            "lm_head.weight" => Some(Role::LmHead),
+            "model.norm.weight" => Some(Role::FinalNorm),
+            _ => {
+                let rest = name.strip_prefix("model.layers.")?;
+                let (n, suffix) = rest.split_once('.')?;
+                layer_role(n, suffix, |(_, hf, _)| hf)
+            }
+        }
+    }
+
+    /// The role a llama.cpp GGUF tensor name plays, if any.
+    pub fn from_gguf_name(name: &str) -> Option<Role> {
+        match name {
+            "token_embd.weight" => Some(Role::Embedding),
+            "output.weight" => Some(Role::LmHead),
+            "output_norm.weight" => Some(Role::FinalNorm),
+            _ => {
+                let rest = name.strip_prefix("blk.")?;
+                let (n, suffix) = rest.split_once('.')?;
+                layer_role(n, suffix, |(_, _, gguf)| gguf)
+            }
+        }
+    }
+
+    /// The shape (Hugging Face layout, linear weights `[out, in]`) this role must have.
+    pub fn expected_dims(self, c: &ModelConfig) -> Vec<usize> {
+        match self {
+            Role::Embedding | Role::LmHead => vec![c.vocab_size, c.hidden_size],
+            Role::FinalNorm => vec![c.hidden_size],
+            Role::Layer(_, r) => match r {
+                LayerRole::AttnNorm | LayerRole::MlpNorm | LayerRole::OBias | LayerRole::DownBias => {
+                    vec![c.hidden_size]
+                }
+                LayerRole::Q => vec![c.q_dim(), c.hidden_size],
+                LayerRole::K | LayerRole::V => vec![c.kv_dim(), c.hidden_size],
+                LayerRole::O => vec![c.hidden_size, c.q_dim()],
+                LayerRole::QBias => vec![c.q_dim()],
+                LayerRole::KBias | LayerRole::VBias => vec![c.kv_dim()],
+                LayerRole::Gate | LayerRole::Up => vec![c.intermediate_size, c.hidden_size],
+                LayerRole::Down => vec![c.hidden_size, c.intermediate_size],
+                LayerRole::GateBias | LayerRole::UpBias => vec![c.intermediate_size],
+            },
+        }
+    }
+
+    /// Every role a model with this config stores (the LM head only when untied).
+    pub fn required(c: &ModelConfig) -> Vec<Role> {
+        let mut roles = vec![Role::Embedding, Role::FinalNorm];
+        if !c.tie_word_embeddings {
+            roles.push(Role::LmHead);
+        }
+        for n in 0..c.num_hidden_layers {
+            for (r, _, _) in LAYER_ROLES {
+                let wanted = match r {
+                    LayerRole::QBias | LayerRole::KBias | LayerRole::VBias => c.qkv_bias,
+                    LayerRole::OBias => c.o_bias,
+                    LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
+                    _ => true,
+                };
+                if wanted {
+                    roles.push(Role::Layer(n, r));
+                }
+            }
+        }
+        roles.sort();
+        roles
+    }
+}
+
+fn layer_names(role: LayerRole) -> (&'static str, &'static str) {
+    let (_, hf, gguf) = LAYER_ROLES.iter().find(|(r, _, _)| *r == role).copied().unwrap_or(LAYER_ROLES[0]);
+    (hf, gguf)
+}
+
+fn layer_role(
+    n: &str,
+    suffix: &str,
+    pick: impl Fn((LayerRole, &'static str, &'static str)) -> &'static str,
+) -> Option<Role> {
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0')) {
+        return None;
+    }
+    let n: usize = n.parse().ok()?;
+    LAYER_ROLES.iter().find(|e| pick(**e) == suffix).map(|e| Role::Layer(n, e.0))
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Role::Embedding => f.write_str("Embedding"),
+            Role::LmHead => f.write_str("LmHead"),
+            Role::FinalNorm => f.write_str("FinalNorm"),
+            Role::Layer(n, r) => write!(f, "Layer({n}, {r:?})"),
+        }
+    }
+}
+
+/// Tensor elements in the dtype they were stored in (quantized GGUF data is dequantized to f32).
+#[derive(Clone, PartialEq)]
+pub enum TensorData {
+    /// 32-bit floats.
+    F32(Vec<f32>),
+    /// bfloat16.
+    BF16(Vec<bf16>),
+    /// IEEE half.
+    F16(Vec<f16>),
+}
+
+impl fmt::Debug for TensorData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TensorData::{}[{}]", self.dtype_name(), self.len())
+    }
+}
+
+impl TensorData {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::BF16(v) => v.len(),
+            TensorData::F16(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `F32`, `BF16` or `F16`.
+    pub fn dtype_name(&self) -> &'static str {
+        match self {
+            TensorData::F32(_) => "F32",
+            TensorData::BF16(_) => "BF16",
+            TensorData::F16(_) => "F16",
+        }
+    }
+
+    /// Every element widened to f32 (exact for all three types).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            TensorData::F32(v) => v.clone(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// A dense row-major tensor in Hugging Face layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    /// Dimensions, outermost first (linear weights are `[out_features, in_features]`).
+    pub dims: Vec<usize>,
+    /// Elements.
+    pub data: TensorData,
+}
+
+impl Tensor {
+    /// Builds a tensor, checking that `data` holds exactly `product(dims)` elements.
+    pub fn new(name: &str, dims: Vec<usize>, data: TensorData) -> Result<Self> {
+        let count = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if count != Some(data.len()) {
+            return Err(IngestError::ShapeMismatch {
+                tensor: name.to_string(),
+                expected: dims,
+                found: vec![data.len()],
+            });
+        }
+        Ok(Self { dims, data })
+    }
+
+    /// The elements widened to f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        self.data.to_f32()
+    }
+}
+
+/// The format a checkpoint came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// A Hugging Face directory with one `model.safetensors`.
+    Safetensors,
+    /// A Hugging Face directory with `model.safetensors.index.json` and shards.
+    ShardedSafetensors,
+    /// One llama.cpp `.gguf` file.
+    Gguf,
+}
+
+/// One file a checkpoint was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    /// File name relative to the checkpoint directory (or the GGUF's own name).
+    pub name: String,
+    /// Size in bytes.
+    pub byte_len: u64,
+    /// Lowercase hex sha256 of the bytes.
+    pub sha256: String,
+}
+
+/// Where a checkpoint came from, for provenance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceInfo {
+    /// Format.
+    pub kind: SourceKind,
+    /// Every file read, in a stable order.
+    pub files: Vec<SourceFile>,
+}
+
+/// What is stored for one role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// The tensor's name in the checkpoint.
+    pub name: String,
+    /// Stored type (`F32`, `BF16`, `Q4_1`, ...).
+    pub dtype: String,
+    /// Dimensions in Hugging Face layout.
+    pub dims: Vec<usize>,
+    /// Bytes stored in the checkpoint.
+    pub byte_len: usize,
+}
+
+#[derive(Debug)]
+enum Store {
+    Safetensors(SafetensorsStore),
+    Gguf(GgufCheckpoint),
+}
+
+/// An opened, verified checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The checked model configuration.
+    pub config: ModelConfig,
+    /// Tokenizer files to copy into an artifact.
+    pub tokenizer: TokenizerFiles,
+    /// Where the checkpoint came from.
+    pub source: SourceInfo,
+    store: Store,
+    tensors: BTreeMap<Role, TensorMeta>,
+}
+
+impl Checkpoint {
+    /// Opens a Hugging Face checkpoint directory (`config.json` + safetensors + tokenizer files)
+    /// or a `.gguf` file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            Self::open_hf_dir(path)
+        } else if path.is_file() {
+            if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+                Self::open_gguf(path)
+            } else {
+                Err(IngestError::NotACheckpoint {
+                    path: path.to_path_buf(),
+                    reason: "a checkpoint is a Hugging Face directory or a .gguf file".into(),
+                })
+            }
+        } else {
+            Err(IngestError::NotACheckpoint {
+                path: path.to_path_buf(),
+                reason: "no such file or directory".into(),
+            })
+        }
+    }
+
+    fn open_hf_dir(dir: &Path) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let config_bytes = std::fs::read(&config_path).map_err(io_error(&config_path))?;
+        let config_text = String::from_utf8_lossy(&config_bytes);
+        let config = HfConfig::from_json(&config_text)
+            .map_err(|e| IngestError::Json { path: config_path.clone(), reason: e.to_string() })?
+            .into_config()?;
+        let (store, shard_names) = SafetensorsStore::open_dir(dir)?;
+        let kind = if shard_names.len() == 1 && shard_names[0] == crate::safetensors::SINGLE_FILE {
+            SourceKind::Safetensors
+        } else {
+            SourceKind::ShardedSafetensors
+        };
+        let mut stored = BTreeMap::new();
+        let mut unexpected = Vec::new();
+        for e in store.entries() {
+            if !matches!(e.dtype.as_str(), "F32" | "BF16" | "F16") {
+                return Err(IngestError::UnsupportedDtype {
+                    tensor: e.name,
+                    dtype: e.dtype,
+                    accepted: crate::safetensors::ACCEPTED_DTYPES,
+                });
+            }
+            match Role::from_hf_name(&e.name) {
+                Some(role) => {
+                    stored.insert(
+                        role,
+                        TensorMeta { name: e.name, dtype: e.dtype, dims: e.dims, byte_len: e.byte_len },
+                    );
+                }
+                // Older checkpoints store the RoPE table; it is recomputed from the config.
+                None if e.name.ends_with(".self_attn.rotary_emb.inv_freq") => {}
+                None => unexpected.push(e.name),
+            }
+        }
+        let tensors = verify_roles(&config, stored, unexpected, Role::hf_name)?;
+        let tokenizer = TokenizerFiles::from_hf_dir(dir, &config)?;
+        let mut file_names: Vec<String> = vec!["config.json".into()];
+        if kind == SourceKind::ShardedSafetensors {
+            file_names.push(crate::safetensors::INDEX_FILE.into());
+        }
+        file_names.extend(shard_names);
+        file_names.extend(tokenizer.source_file_names.iter().cloned());
+        let files = file_names.iter().map(|n| hash_file(dir, n)).collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            config,
+            tokenizer,
+            source: SourceInfo { kind, files },
+            store: Store::Safetensors(store),
+            tensors,
+        })
+    }
+
+    fn open_gguf(path: &Path) -> Result<Self> {
+        let gguf = GgufCheckpoint::open(path)?;
+        let config = gguf.config.clone();
+        let mut stored = BTreeMap::new();
+        let mut unexpected = Vec::new();
+        for info in gguf.tensor_infos() {
+            match Role::from_gguf_name(&info.name) {
+                Some(role) => {
+                    stored.insert(
+                        role,
+                        TensorMeta {
+                            name: info.name.clone(),
+                            dtype: info.ggml_type.name().to_string(),
+                            dims: info.hf_dims(),
+                            byte_len: info.byte_len,
+                        },
+                    );
+                }
+                None => unexpected.push(info.name.clone()),
+            }
+        }
+        let tensors = verify_roles(&config, stored, unexpected, Role::gguf_name)?;
+        let tokenizer = TokenizerFiles::from_gguf(gguf.header(), &config)?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let bytes = gguf.bytes();
+        let file = SourceFile {
+            name,
+            byte_len: bytes.len() as u64,
+            sha256: hex::encode(Sha256::digest(bytes)),
+        };
+        Ok(Self {
+            config,
+            tokenizer,
+            source: SourceInfo { kind: SourceKind::Gguf, files: vec![file] },
+            store: Store::Gguf(gguf),
+            tensors,
+        })
+    }
+
+    /// Every role this checkpoint can supply, in order (the LM head included even when tied).
+    pub fn roles(&self) -> Vec<Role> {
+        let mut roles: Vec<Role> = self.tensors.keys().copied().collect();
+        if !roles.contains(&Role::LmHead) {
+            roles.push(Role::LmHead);
+            roles.sort();
+        }
+        roles
+    }
+
+    /// What is stored for `role` (the embedding's entry for a tied LM head).
+    pub fn meta(&self, role: Role) -> Result<&TensorMeta> {
+        let resolved = self.resolve(role);
+        self.tensors.get(&resolved).ok_or_else(|| IngestError::NoSuchRole { role: role.to_string() })
+    }
+
+    fn resolve(&self, role: Role) -> Role {
+        if role == Role::LmHead && self.config.tie_word_embeddings {
+            Role::Embedding
+        } else {
+            role
+        }
+    }
+
+    /// Reads the tensor for `role` in Hugging Face layout.
+    pub fn tensor(&self, role: Role) -> Result<Tensor> {
+        let resolved = self.resolve(role);
+        let meta = self.meta(role)?;
+        let tensor = match &self.store {
+            Store::Safetensors(s) => s.read(&meta.name)?,
+            Store::Gguf(g) => g.read(&meta.name, resolved)?,
+        };
+        if tensor.dims != meta.dims {
+            return Err(IngestError::ShapeMismatch {
+                tensor: meta.name.clone(),
+                expected: meta.dims.clone(),
+                found: tensor.dims,
+            });
+        }
+        Ok(tensor)
+    }
+}
+
+fn verify_roles(
+    config: &ModelConfig,
+    mut stored: BTreeMap<Role, TensorMeta>,
+    mut unexpected: Vec<String>,
+    name_of: fn(Role) -> String,
+) -> Result<BTreeMap<Role, TensorMeta>> {
+    let required = Role::required(config);
+    if config.tie_word_embeddings {
+        // A tied checkpoint may still carry a copy of the LM head; the embedding is used.
+        stored.remove(&Role::LmHead);
+    }
+    let extra: Vec<Role> = stored.keys().filter(|r| !required.contains(r)).copied().collect();
+    for role in extra {
+        if let Some(meta) = stored.remove(&role) {
+            unexpected.push(meta.name);
+        }
+    }
+    if !unexpected.is_empty() {
+        unexpected.sort();
+        return Err(IngestError::UnexpectedTensors { names: unexpected });
+    }
+    let missing: Vec<String> = required.iter().filter(|r| !stored.contains_key(r)).map(|r| name_of(*r)).collect();
+    if !missing.is_empty() {
+        return Err(IngestError::MissingTensors { names: missing });
+    }
+    for (role, meta) in &stored {
+        let expected = role.expected_dims(config);
+        if meta.dims != expected {
+            return Err(IngestError::ShapeMismatch {
+                tensor: meta.name.clone(),
+                expected,
+                found: meta.dims.clone(),
+            });
+        }
+    }
+    Ok(stored)
+}
+
+fn hash_file(dir: &Path, name: &str) -> Result<SourceFile> {
+    let path: PathBuf = dir.join(name);
+    let mut file = std::fs::File::open(&path).map_err(io_error(&path))?;
+    let mut hasher = Sha256::new();
+    let byte_len = std::io::copy(&mut file, &mut hasher).map_err(io_error(&path))?;
+    Ok(SourceFile { name: name.to_string(), byte_len, sha256: hex::encode(hasher.finalize()) })
+}
+
+/// A human-readable account of a checkpoint: config, source files and every tensor with its
+/// stored dtype, shape and size (what `tlaloc inspect` prints).
+pub fn describe(checkpoint: &Checkpoint) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "source: {:?}", checkpoint.source.kind);
+    for f in &checkpoint.source.files {
+        let _ = writeln!(out, "  {}  {} bytes  sha256 {}", f.name, f.byte_len, f.sha256);
+    }
+    let _ = writeln!(out, "config:");
+    for line in checkpoint.config.to_string().lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(out, "tensors ({}):", checkpoint.tensors.len());
+    let mut total = 0usize;
+    for (role, meta) in &checkpoint.tensors {
+        total += meta.byte_len;
+        let _ = writeln!(
+            out,
+            "  {:<28} {:<40} {:<5} {:?} {} bytes",
+            role.to_string(),
+            meta.name,
+            meta.dtype,
+            meta.dims,
+            meta.byte_len
+        );
+    }
+    if checkpoint.config.tie_word_embeddings {
+        let _ = writeln!(out, "  LmHead is tied to Embedding");
+    }
+    let _ = writeln!(out, "total stored tensor bytes: {total}");
+    let _ = write!(out, "tokenizer files: {}", checkpoint.tokenizer.file_names().join(", "));
+    out
+}

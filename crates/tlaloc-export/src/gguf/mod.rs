@@ -1,0 +1,235 @@
+//! llama.cpp GGUF checkpoints: the container ([`header`]), dequantization ([`dequant`]) and the
+//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` metadata, tensors in
+//! Hugging Face layout with llama.cpp's Q/K row permutation undone exactly as transformers'
+//! `LlamaTensorProcessor._reverse_permute_weights` does.
+
+pub mod dequant;
+pub mod header;
+
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+pub use dequant::{dequantize, GgmlType, ACCEPTED_TYPES};
+pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
+
+use crate::checkpoint::{LayerRole, Role, Tensor, TensorData};
+use crate::config::{unsupported, Architecture, ModelConfig, RopeScaling};
+use crate::error::{io_error, IngestError, Result};
+use crate::mapped::map_file;
+
+/// An opened GGUF file with its derived config.
+#[derive(Debug)]
+pub struct GgufCheckpoint {
+    path: PathBuf,
+    mmap: Mmap,
+    header: GgufHeader,
+    arch: String,
+    /// The config built from the metadata.
+    pub config: ModelConfig,
+}
+
+impl GgufCheckpoint {
+    /// Maps and parses `path`, and builds the config from its metadata.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(io_error(path))?;
+        let mmap = map_file(&file).map_err(io_error(path))?;
+        let header = GgufHeader::parse(&mmap)
+            .map_err(|reason| IngestError::Gguf { path: path.to_path_buf(), reason })?;
+        let (arch, config) = config_from_header(&header)?;
+        Ok(Self { path: path.to_path_buf(), mmap, header, arch, config })
+    }
+
+    /// The parsed header.
+    pub fn header(&self) -> &GgufHeader {
+        &self.header
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+
+    /// Tensor descriptions in file order.
+    pub fn tensor_infos(&self) -> &[GgufTensorInfo] {
+        &self.header.tensors
+    }
+
+    /// Reads tensor `name` (playing `role`) dequantized, in Hugging Face layout.
+    pub fn read(&self, name: &str, role: Role) -> Result<Tensor> {
+        let info = self
+            .header
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| IngestError::MissingTensors { names: vec![name.to_string()] })?;
+        let bytes = self.mmap.get(info.offset..info.offset + info.byte_len).ok_or_else(|| IngestError::Gguf {
+            path: self.path.clone(),
+            reason: format!("tensor {name:?} lies past the end of the file"),
+        })?;
+        let mut tensor = Tensor::new(name, info.hf_dims(), dequantize(info.ggml_type, bytes))?;
+        // llama.cpp's converter permutes Q and K rows of Llama-architecture files only.
+        if self.arch == "llama" {
+            let heads = match role {
+                Role::Layer(_, LayerRole::Q | LayerRole::QBias) => Some(self.config.num_attention_heads),
+                Role::Layer(_, LayerRole::K | LayerRole::KBias) => Some(self.config.num_key_value_heads),
+                _ => None,
+            };
+            if let Some(heads) = heads {
+                tensor = reverse_permute(tensor, heads, name)?;
+            }
+        }
+        Ok(tensor)
+    }
+}
+
+/// Undoes llama.cpp's `permute`: within each head, rows `(d, 2)` were interleaved; they go back
+/// to `(2, d)` (transformers: `w.reshape(n_head, dim, 2, ...).swapaxes(2, 1)`).
+pub fn reverse_permute(tensor: Tensor, n_head: usize, name: &str) -> Result<Tensor> {
+    let rows = tensor.dims[0];
+    let cols: usize = tensor.dims[1..].iter().product();
+    if n_head == 0 || rows % (2 * n_head) != 0 {
+        return Err(IngestError::ShapeMismatch {
+            tensor: name.to_string(),
+            expected: vec![2 * n_head, cols],
+            found: tensor.dims,
+        });
+    }
+    let dim = rows / n_head / 2;
+    let source_row = |out: usize| {
+        let (h, rest) = (out / (2 * dim), out % (2 * dim));
+        let (a, d) = (rest / dim, rest % dim);
+        h * 2 * dim + d * 2 + a
+    };
+    fn permute<T: Copy>(v: &[T], rows: usize, cols: usize, src: impl Fn(usize) -> usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(v.len());
+        for r in 0..rows {
+            let s = src(r);
+            out.extend_from_slice(&v[s * cols..(s + 1) * cols]);
+        }
+        out
+    }
+    let data = match &tensor.data {
+        TensorData::F32(v) => TensorData::F32(permute(v, rows, cols, source_row)),
+        TensorData::BF16(v) => TensorData::BF16(permute(v, rows, cols, source_row)),
+        TensorData::F16(v) => TensorData::F16(permute(v, rows, cols, source_row)),
+    };
+    Ok(Tensor { dims: tensor.dims, data })
+}
+
+fn meta_u64(h: &GgufHeader, key: &str) -> Result<Option<u64>> {
+    match h.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| unsupported(key, format!("{v:?}"), "a non-negative integer")),
+    }
+}
+
+fn meta_usize(h: &GgufHeader, key: &str) -> Result<Option<usize>> {
+    meta_u64(h, key)?
+        .map(|v| usize::try_from(v).map_err(|_| unsupported(key, v.to_string(), "a size that fits in memory")))
+        .transpose()
+}
+
+fn need_usize(h: &GgufHeader, key: &str) -> Result<usize> {
+    meta_usize(h, key)?.ok_or_else(|| unsupported(key, "missing", "a non-negative integer"))
+}
+
+fn meta_f64(h: &GgufHeader, key: &str) -> Result<Option<f64>> {
+    match h.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| unsupported(key, format!("{v:?}"), "a float")),
+    }
+}
+
+fn token_id(h: &GgufHeader, key: &str) -> Result<Option<u32>> {
+    meta_u64(h, key)?
+        .map(|v| u32::try_from(v).map_err(|_| unsupported(key, v.to_string(), "a token id")))
+        .transpose()
+}
+
+/// Builds the config from `general.architecture` and its `<arch>.*` keys.
+fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
+    let arch = h
+        .get("general.architecture")
+        .and_then(MetaValue::as_str)
+        .ok_or_else(|| unsupported("general.architecture", "missing", "\"llama\" or \"qwen2\""))?
+        .to_string();
+    let architecture = match arch.as_str() {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        other => {
+            return Err(IngestError::UnsupportedArchitecture {
+                found: other.to_string(),
+                accepted: "GGUF general.architecture llama, qwen2",
+            });
+        }
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden_size = need_usize(h, &key("embedding_length"))?;
+    let num_attention_heads = need_usize(h, &key("attention.head_count"))?;
+    let num_key_value_heads =
+        meta_usize(h, &key("attention.head_count_kv"))?.unwrap_or(num_attention_heads);
+    let head_dim = match meta_usize(h, &key("attention.key_length"))? {
+        Some(d) => d,
+        None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+        None => 0,
+    };
+    let vocab_size = match h.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array) {
+        Some(tokens) => tokens.len(),
+        None => need_usize(h, &key("vocab_size"))?,
+    };
+    if let Some(stated) = meta_usize(h, &key("vocab_size"))?
+        && stated != vocab_size
+    {
+        return Err(unsupported(
+            key("vocab_size"),
+            stated.to_string(),
+            format!("the tokenizer's token count ({vocab_size})"),
+        ));
+    }
+    let rope_scaling = match h.get(&key("rope.scaling.type")).map(|v| v.as_str()) {
+        None | Some(Some("none")) => RopeScaling::None,
+        Some(Some("linear")) => RopeScaling::Linear {
+            factor: meta_f64(h, &key("rope.scaling.factor"))?
+                .ok_or_else(|| unsupported(key("rope.scaling.factor"), "missing", "a float"))?,
+        },
+        Some(other) => {
+            return Err(unsupported(key("rope.scaling.type"), format!("{other:?}"), "\"none\" or \"linear\""));
+        }
+    };
+    let has = |name: &str| h.tensors.iter().any(|t| t.name == name);
+    let any_layer_has = |suffix: &str| h.tensors.iter().any(|t| t.name.starts_with("blk.") && t.name.ends_with(suffix));
+    if let Some(t) = h.tensors.iter().find(|t| t.name == "rope_freqs.weight") {
+        return Err(IngestError::UnexpectedTensors {
+            names: vec![format!("{} (per-frequency RoPE factors, e.g. llama3 scaling, are not built from GGUF)", t.name)],
+        });
+    }
+    let qkv_bias = any_layer_has(".attn_q.bias");
+    if architecture == Architecture::Qwen2 && !qkv_bias {
+        return Err(IngestError::MissingTensors { names: vec!["blk.0.attn_q.bias".into()] });
+    }
+    let config = ModelConfig {
+        architecture,
+        hidden_size,
+        intermediate_size: need_usize(h, &key("feed_forward_length"))?,
+        num_hidden_layers: need_usize(h, &key("block_count"))?,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        vocab_size,
+        rms_norm_eps: meta_f64(h, &key("attention.layer_norm_rms_epsilon"))?
+            .ok_or_else(|| unsupported(key("attention.layer_norm_rms_epsilon"), "missing", "a float"))?,
+        rope_theta: meta_f64(h, &key("rope.freq_base"))?.unwrap_or(10_000.0),
+        rope_scaling,
+        tie_word_embeddings: !has("output.weight"),
+        qkv_bias,
+        o_bias: any_layer_has(".attn_output.bias"),
+        mlp_bias: any_layer_has(".ffn_gate.bias"),
+        bos_token_id: token_id(h, "tokenizer.ggml.bos_token_id")?,
+        eos_token_ids: token_id(h, "tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+        max_position_embeddings: need_usize(h, &key("context_length"))?,
+        dtype: None,
+    }
+    .checked()?;
+    Ok((arch, config))
+}

@@ -1,0 +1,361 @@
+//! Tokenizer files for an artifact: `tokenizer.json`, `tokenizer_config.json` (with the chat
+//! template and special tokens) and `generation_config.json`. A Hugging Face directory supplies
+//! them; for a GGUF file they are rebuilt from `tokenizer.ggml.*` metadata the way transformers'
+//! GGUF tokenizer conversion does for byte-level BPE vocabularies (`byte_level_tokenizer`,
+//! `add_gguf_special_tokens`, `set_split_regex`), so that token ids equal transformers'.
+
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use crate::config::ModelConfig;
+use crate::error::{io_error, IngestError, Result};
+use crate::gguf::{GgufHeader, MetaValue};
+
+/// The bytes of the tokenizer files an artifact carries.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenizerFiles {
+    /// `tokenizer.json` (the `tokenizers` library's format).
+    pub tokenizer_json: Vec<u8>,
+    /// `tokenizer_config.json` (special tokens, `chat_template`).
+    pub tokenizer_config_json: Vec<u8>,
+    /// `generation_config.json` (bos/eos/pad ids).
+    pub generation_config_json: Vec<u8>,
+    /// Files read from the checkpoint directory to make these (empty for GGUF).
+    pub source_file_names: Vec<String>,
+}
+
+impl std::fmt::Debug for TokenizerFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenizerFiles")
+            .field("tokenizer_json", &format_args!("{} bytes", self.tokenizer_json.len()))
+            .field("tokenizer_config_json", &format_args!("{} bytes", self.tokenizer_config_json.len()))
+            .field("generation_config_json", &format_args!("{} bytes", self.generation_config_json.len()))
+            .field("source_file_names", &self.source_file_names)
+            .finish()
+    }
+}
+
+const TOKENIZER_JSON: &str = "tokenizer.json";
+const TOKENIZER_CONFIG_JSON: &str = "tokenizer_config.json";
+const GENERATION_CONFIG_JSON: &str = "generation_config.json";
+const CHAT_TEMPLATE_JINJA: &str = "chat_template.jinja";
+
+fn tokenizer_error(reason: impl Into<String>) -> IngestError {
+    IngestError::Tokenizer { reason: reason.into() }
+}
+
+impl TokenizerFiles {
+    /// The file names an artifact writes these under, in order.
+    pub fn file_names(&self) -> [&'static str; 3] {
+        [TOKENIZER_JSON, TOKENIZER_CONFIG_JSON, GENERATION_CONFIG_JSON]
+    }
+
+    /// The tokenizer these files describe.
+    pub fn tokenizer(&self) -> Result<tokenizers::Tokenizer> {
+        tokenizers::Tokenizer::from_bytes(&self.tokenizer_json)
+            .map_err(|e| tokenizer_error(format!("tokenizer.json does not load: {e}")))
+    }
+
+    /// The Jinja chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<String> {
+        let config: Value = serde_json::from_slice(&self.tokenizer_config_json).ok()?;
+        config.get("chat_template")?.as_str().map(str::to_string)
+    }
+
+    /// Reads the files beside a Hugging Face checkpoint. `tokenizer.json` is required; a missing
+    /// `tokenizer_config.json` or `generation_config.json` is written from the model config.
+    pub fn from_hf_dir(dir: &Path, config: &ModelConfig) -> Result<Self> {
+        let mut source_file_names = Vec::new();
+        let tokenizer_path = dir.join(TOKENIZER_JSON);
+        if !tokenizer_path.is_file() {
+            return Err(tokenizer_error(format!(
+                "{} is missing; a Hugging Face checkpoint directory needs a fast-tokenizer {TOKENIZER_JSON}",
+                tokenizer_path.display()
+            )));
+        }
+        let tokenizer_json = std::fs::read(&tokenizer_path).map_err(io_error(&tokenizer_path))?;
+        source_file_names.push(TOKENIZER_JSON.to_string());
+        let mut tokenizer_config = match read_optional(dir, TOKENIZER_CONFIG_JSON)? {
+            Some(bytes) => {
+                source_file_names.push(TOKENIZER_CONFIG_JSON.to_string());
+                match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(Value::Object(map)) => map,
+                    _ => {
+                        return Err(IngestError::Json {
+                            path: dir.join(TOKENIZER_CONFIG_JSON),
+                            reason: "expected a JSON object".into(),
+                        });
+                    }
+                }
+            }
+            None => Map::new(),
+        };
+        if !tokenizer_config.contains_key("chat_template")
+            && let Some(template) = read_optional(dir, CHAT_TEMPLATE_JINJA)?
+        {
+            source_file_names.push(CHAT_TEMPLATE_JINJA.to_string());
+            let template = String::from_utf8(template)
+                .map_err(|_| tokenizer_error(format!("{CHAT_TEMPLATE_JINJA} is not UTF-8")))?;
+            tokenizer_config.insert("chat_template".into(), Value::String(template));
+        }
+        let generation_config_json = match read_optional(dir, GENERATION_CONFIG_JSON)? {
+            Some(bytes) => {
+                source_file_names.push(GENERATION_CONFIG_JSON.to_string());
+                bytes
+            }
+            None => generation_config(config, None),
+        };
+        let files = Self {
+            tokenizer_json,
+            tokenizer_config_json: to_json_bytes(&Value::Object(tokenizer_config)),
+            generation_config_json,
+            source_file_names,
+        };
+        files.tokenizer()?;
+        Ok(files)
+    }
+
+    /// Rebuilds the tokenizer files from GGUF metadata (byte-level BPE, `tokenizer.ggml.model`
+    /// = `gpt2`).
+    pub fn from_gguf(h: &GgufHeader, config: &ModelConfig) -> Result<Self> {
+        let model = h.get("tokenizer.ggml.model").and_then(MetaValue::as_str);
+        if model != Some("gpt2") {
+            return Err(tokenizer_error(format!(
+                "tokenizer.ggml.model {model:?} is not supported; \"gpt2\" (byte-level BPE) is; \
+                 or export from a directory with a tokenizer.json"
+            )));
+        }
+        let tokens = string_array(h, "tokenizer.ggml.tokens")?;
+        let merges = string_array(h, "tokenizer.ggml.merges")?;
+        let token_types: Vec<i64> = match h.get("tokenizer.ggml.token_type") {
+            None => Vec::new(),
+            Some(MetaValue::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    MetaValue::I32(t) => Ok(i64::from(*t)),
+                    other => Err(tokenizer_error(format!(
+                        "tokenizer.ggml.token_type holds {other:?}; INT32 values are accepted"
+                    ))),
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => {
+                return Err(tokenizer_error(format!(
+                    "tokenizer.ggml.token_type is {other:?}; an INT32 array is accepted"
+                )));
+            }
+        };
+        let alphabet = byte_alphabet();
+        let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+        let mut vocab = Map::new();
+        for (id, token) in tokens.iter().enumerate() {
+            let spelled = if in_alphabet(token) {
+                token.to_string()
+            } else {
+                token.bytes().map(|b| alphabet[b as usize]).collect()
+            };
+            vocab.insert(spelled, json!(id));
+        }
+        let merges: Vec<Value> = merges
+            .iter()
+            .map(|m| {
+                let parts: Vec<&str> = m.split(' ').collect();
+                match parts.as_slice() {
+                    [a, b] => Ok(json!([a, b])),
+                    _ => Err(tokenizer_error(format!(
+                        "merge {m:?} is not two tokens separated by one space"
+                    ))),
+                }
+            })
+            .collect::<Result<_>>()?;
+        let mut added = Vec::new();
+        for (id, (token, &kind)) in tokens.iter().zip(&token_types).enumerate() {
+            // 3 is CONTROL (special), 4 USER_DEFINED (whole, not special).
+            let special = match kind {
+                3 if in_alphabet(token) => true,
+                4 => false,
+                _ => continue,
+            };
+            added.push(json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special,
+            }));
+        }
+        let flag = |key: &str| h.get(key).and_then(MetaValue::as_bool);
+        let add_prefix_space = flag("tokenizer.ggml.add_space_prefix").unwrap_or(false);
+        let pre = h.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("default");
+        let pre_tokenizer = pre_tokenizer(pre, add_prefix_space)?;
+        let special_name = |key: &str| -> Result<Option<&str>> {
+            match h.get(key) {
+                None => Ok(None),
+                Some(v) => {
+                    let id = v.as_u64().and_then(|i| usize::try_from(i).ok());
+                    match id.and_then(|i| tokens.get(i)) {
+                        Some(t) => Ok(Some(t)),
+                        None => Err(tokenizer_error(format!("{key} = {v:?} is not a token id"))),
+                    }
+                }
+            }
+        };
+        let bos = special_name("tokenizer.ggml.bos_token_id")?;
+        let eos = special_name("tokenizer.ggml.eos_token_id")?;
+        let unk = special_name("tokenizer.ggml.unknown_token_id")?;
+        let pad = special_name("tokenizer.ggml.padding_token_id")?;
+        let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(false);
+        let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
+        let post_processor = post_processor(
+            add_bos.then_some(bos).flatten().zip(config.bos_token_id),
+            add_eos.then_some(eos).flatten().zip(config.eos_token_ids.first().copied()),
+        );
+        let tokenizer = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": post_processor,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges,
+            },
+        });
+        let mut tokenizer_config = Map::new();
+        tokenizer_config.insert("add_bos_token".into(), json!(add_bos));
+        tokenizer_config.insert("add_eos_token".into(), json!(add_eos));
+        for (key, value) in [("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)] {
+            tokenizer_config.insert(key.into(), json!(value));
+        }
+        if let Some(template) = h.get("tokenizer.chat_template").and_then(MetaValue::as_str) {
+            tokenizer_config.insert("chat_template".into(), json!(template));
+        }
+        tokenizer_config.insert("clean_up_tokenization_spaces".into(), json!(false));
+        tokenizer_config.insert("model_max_length".into(), json!(config.max_position_embeddings));
+        let pad_id = h.get("tokenizer.ggml.padding_token_id").and_then(MetaValue::as_u64);
+        let files = Self {
+            tokenizer_json: to_json_bytes(&tokenizer),
+            tokenizer_config_json: to_json_bytes(&Value::Object(tokenizer_config)),
+            generation_config_json: generation_config(config, pad_id),
+            source_file_names: Vec::new(),
+        };
+        files.tokenizer()?;
+        Ok(files)
+    }
+}
+
+fn read_optional(dir: &Path, name: &str) -> Result<Option<Vec<u8>>> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    std::fs::read(&path).map(Some).map_err(io_error(&path))
+}
+
+fn to_json_bytes(value: &Value) -> Vec<u8> {
+    let mut bytes = serde_json::to_vec_pretty(value).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+fn generation_config(config: &ModelConfig, pad: Option<u64>) -> Vec<u8> {
+    let mut map = Map::new();
+    if let Some(bos) = config.bos_token_id {
+        map.insert("bos_token_id".into(), json!(bos));
+    }
+    match config.eos_token_ids.as_slice() {
+        [] => {}
+        [one] => {
+            map.insert("eos_token_id".into(), json!(one));
+        }
+        many => {
+            map.insert("eos_token_id".into(), json!(many));
+        }
+    }
+    if let Some(pad) = pad {
+        map.insert("pad_token_id".into(), json!(pad));
+    }
+    to_json_bytes(&Value::Object(map))
+}
+
+fn string_array<'a>(h: &'a GgufHeader, key: &str) -> Result<Vec<&'a str>> {
+    let items = h
+        .get(key)
+        .and_then(MetaValue::as_array)
+        .ok_or_else(|| tokenizer_error(format!("{key} is missing; a string array is required")))?;
+    items
+        .iter()
+        .map(|v| v.as_str().ok_or_else(|| tokenizer_error(format!("{key} holds {v:?}; strings are accepted"))))
+        .collect()
+}
+
+/// GPT-2's printable spelling of the 256 byte values (`bytes_to_unicode`).
+fn byte_alphabet() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256u32;
+    (0u32..256)
+        .map(|b| {
+            let code = if printable(b) {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            char::from_u32(code).unwrap_or('\u{fffd}')
+        })
+        .collect()
+}
+
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer for `tokenizer.ggml.pre`: GPT-2's own split for GPT-2-style vocabularies,
+/// the named split followed by a byte-level mapping for the others transformers knows.
+fn pre_tokenizer(pre: &str, add_prefix_space: bool) -> Result<Value> {
+    let split = match pre {
+        "default" | "gpt-2" | "smollm" | "starcoder" => {
+            return Ok(json!({
+                "type": "ByteLevel", "add_prefix_space": add_prefix_space,
+                "trim_offsets": true, "use_regex": true,
+            }));
+        }
+        "llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "dbrx" => LLAMA3_SPLIT,
+        "qwen2" | "deepseek-r1-qwen" => QWEN2_SPLIT,
+        other => {
+            return Err(tokenizer_error(format!(
+                "tokenizer.ggml.pre {other:?} is not supported; supported: default, gpt-2, smollm, \
+                 starcoder, llama3, llama-v3, llama-bpe, smaug-bpe, dbrx, qwen2, deepseek-r1-qwen"
+            )));
+        }
+    };
+    Ok(json!({
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+        ],
+    }))
+}
+
+fn post_processor(bos: Option<(&str, u32)>, eos: Option<(&str, u32)>) -> Value {
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut specials = Map::new();
+    let special = |name: &str| json!({"SpecialToken": {"id": name, "type_id": 0}});
+    if let Some((name, id)) = bos {
+        single.push(special(name));
+        pair.push(special(name));
+        specials.insert(name.into(), json!({"id": name, "ids": [id], "tokens": [name]}));
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    if let Some((name, id)) = eos {
+        single.push(special(name));
+        pair.push(special(name));
+        specials.insert(name.into(), json!({"id": name, "ids": [id], "tokens": [name]}));
+    }
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})
+}
