@@ -146,10 +146,38 @@ impl ModelShape {
     }
 }
 
+/// Where start-up time went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadTimings {
+    /// Reading and checking the artifact (and re-hashing it when verifying).
+    pub open: Duration,
+    /// Loading the plugin and creating the client.
+    pub client: Duration,
+    /// Compiling entries (or loading them from the compile cache).
+    pub compile: Duration,
+    /// Uploading weights to the device.
+    pub upload_weights: Duration,
+    /// Allocating the K/V pools on the device.
+    pub allocate_pools: Duration,
+    /// All of it.
+    pub total: Duration,
+    /// Entries compiled now.
+    pub compiled: usize,
+    /// Entries taken from the compile cache.
+    pub cache_hits: usize,
+    /// Entries left to compile on first use (lazy compilation).
+    pub deferred: usize,
+}
+
 /// Runs compiled entries; one implementation per backend.
-pub trait ModelExecutor: Send {
+pub trait ModelExecutor {
     /// The model's shape and ladder.
     fn shape(&self) -> &ModelShape;
+
+    /// Where start-up time went, when the executor measured it.
+    fn load_timings(&self) -> Option<LoadTimings> {
+        None
+    }
 
     /// Runs `entry` on `inputs`; the K/V pools are updated in place (on the device).
     fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError>;

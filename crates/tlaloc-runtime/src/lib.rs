@@ -5,13 +5,18 @@
 //! Nothing here links the exporter or the graph builder: an artifact is JSON, text and bytes.
 
 pub mod block_manager;
+pub mod engine;
 pub mod executor;
 pub mod sampling;
 pub mod scheduler;
 
+pub use engine::{
+    Engine, EngineError, EngineHandle, EngineStats, GenerateResult, StepStats, TokenEvent,
+};
 pub use executor::{
     EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape, StepInputs, StepOutput,
     StepTimings,
 };
 pub use sampling::{Sampled, SamplingParams};
+pub use scheduler::GenerateRequest;
 pub use scheduler::{FinishReason, RequestId, StopParams, Usage};

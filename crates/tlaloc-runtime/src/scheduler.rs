@@ -40,13 +40,11 @@ pub type RequestId = u64;
 pub struct StopParams {
     /// Stop after emitting any of these tokens.
     pub stop_token_ids: Vec<u32>,
-    /// Do not stop on the model's end-of-sequence tokens.
-    pub ignore_eos: bool,
 }
 
-/// One generation request as the scheduler takes it.
+/// One generation request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SequenceRequest {
+pub struct GenerateRequest {
     /// Prompt token ids (at least one).
     pub prompt_ids: Vec<u32>,
     /// How tokens are chosen.
@@ -57,6 +55,22 @@ pub struct SequenceRequest {
     pub max_tokens: Option<usize>,
     /// How many top log-probabilities to return per token (`Some(0)`: the chosen one only).
     pub logprobs: Option<usize>,
+    /// Do not stop on the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+impl GenerateRequest {
+    /// Greedy decoding of `prompt_ids` for at most `max_tokens` tokens.
+    pub fn greedy(prompt_ids: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt_ids,
+            sampling: SamplingParams::greedy(),
+            stop: StopParams::default(),
+            max_tokens: Some(max_tokens),
+            logprobs: None,
+            ignore_eos: false,
+        }
+    }
 }
 
 /// Why a sequence ended.
@@ -199,6 +213,16 @@ pub struct NoEntry {
     entries: Vec<EntryKey>,
 }
 
+/// A step the ladder cannot hold; the sequences it concerned were ended.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{error}")]
+pub struct Unschedulable {
+    /// Why.
+    pub error: NoEntry,
+    /// The sequences ended because of it (their pages are free).
+    pub ended: Vec<(RequestId, Finish)>,
+}
+
 /// The entries the scheduler picks from, with the limits they imply.
 #[derive(Debug, Clone)]
 pub struct Ladder {
@@ -321,6 +345,7 @@ struct Sequence {
     pages: Vec<PageId>,
     sampler: Sampler,
     stop: StopParams,
+    ignore_eos: bool,
     max_tokens: usize,
     logprobs: Option<usize>,
     arrived: Instant,
@@ -436,7 +461,7 @@ impl Scheduler {
 
     /// Checks a request against the ladder, the pool and the vocabulary; returns its token
     /// budget (`max_tokens`, or what the top context bucket leaves).
-    pub fn validate(&self, request: &SequenceRequest) -> Result<usize, Refusal> {
+    pub fn validate(&self, request: &GenerateRequest) -> Result<usize, Refusal> {
         validate_request(
             request,
             &self.ladder,
@@ -447,7 +472,7 @@ impl Scheduler {
     }
 
     /// Queues a request (validated here too).
-    pub fn add(&mut self, id: RequestId, request: SequenceRequest) -> Result<(), Refusal> {
+    pub fn add(&mut self, id: RequestId, request: GenerateRequest) -> Result<(), Refusal> {
         self.add_arrived(id, request, Instant::now())
     }
 
@@ -455,7 +480,7 @@ impl Scheduler {
     pub fn add_arrived(
         &mut self,
         id: RequestId,
-        request: SequenceRequest,
+        request: GenerateRequest,
         arrived: Instant,
     ) -> Result<(), Refusal> {
         let max_tokens = self.validate(&request)?;
@@ -468,6 +493,7 @@ impl Scheduler {
             pages: Vec::new(),
             sampler,
             stop: request.stop,
+            ignore_eos: request.ignore_eos,
             max_tokens,
             logprobs: request.logprobs,
             arrived,
@@ -519,9 +545,7 @@ impl Scheduler {
 
     /// Chooses and builds the next step; `None` when there is nothing to run. A step that the
     /// ladder cannot hold ends the sequences concerned (returned with the error).
-    pub fn schedule(
-        &mut self,
-    ) -> Result<Option<ScheduledStep>, (NoEntry, Vec<(RequestId, Finish)>)> {
+    pub fn schedule(&mut self) -> Result<Option<ScheduledStep>, Unschedulable> {
         self.admit();
         let has_prefill = self.running.iter().any(|s| s.remaining() > 1);
         let has_decode = self.running.iter().any(|s| s.remaining() == 1);
@@ -551,7 +575,7 @@ impl Scheduler {
                     .into_iter()
                     .filter_map(|id| self.abort(id).map(|f| (id, f)))
                     .collect();
-                Err((err, ended))
+                Err(Unschedulable { error: err, ended })
             }
         }
     }
@@ -831,7 +855,7 @@ impl Scheduler {
             seq.first_token.get_or_insert(now);
             let token = sampled.token;
             let reason = if seq.stop.stop_token_ids.contains(&token)
-                || (!seq.stop.ignore_eos && self.eos_token_ids.contains(&token))
+                || (!seq.ignore_eos && self.eos_token_ids.contains(&token))
             {
                 Some(FinishReason::Stop)
             } else if seq.output_len() >= seq.max_tokens {
@@ -869,7 +893,7 @@ impl Scheduler {
 /// The submission-time checks, shared with the engine handle (which refuses without a round
 /// trip to the engine thread).
 pub(crate) fn validate_request(
-    request: &SequenceRequest,
+    request: &GenerateRequest,
     ladder: &Ladder,
     allocatable_pages: usize,
     block_size: usize,

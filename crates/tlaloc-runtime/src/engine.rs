@@ -1,0 +1,612 @@
+//! The engine: one thread that owns the model, the scheduler and the page pool, and the
+//! cloneable handle through which the server and the CLI submit, abort and observe requests.
+//!
+//! The engine thread is an actor: commands reach it over a channel, it interleaves them with
+//! steps, and it answers each request through that request's own unbounded token channel
+//! (`tokio::sync::mpsc`, so an async server can await events while this thread stays
+//! synchronous). Nothing is shared under a lock but the metrics snapshot, which the thread
+//! rewrites after every step so that `stats()` never waits on a step.
+//!
+//! Submissions are validated on the caller's thread (the limits are fixed at start), so a
+//! refused request is answered at once, by name, without a round trip.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use thiserror::Error;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTimings};
+use crate::scheduler::{
+    self, Finish, FinishReason, GenerateRequest, Ladder, LadderError, Refusal, RequestId,
+    RequestTimings, Scheduler, TokenUpdate, Usage,
+};
+
+/// One event of a request's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenEvent {
+    /// A generated token.
+    Token {
+        /// Its id.
+        id: u32,
+        /// Its log-probability, when asked for.
+        logprob: Option<f32>,
+        /// The most likely tokens and their log-probabilities, when asked for.
+        top_logprobs: Vec<(u32, f32)>,
+    },
+    /// The request ended (always the last event, unless `Error` is).
+    Finished {
+        /// Why.
+        reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+        /// Time split.
+        timings: RequestTimings,
+    },
+    /// The request failed inside the engine (always the last event).
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The engine refused or could not serve.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A request refused at submission.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The engine is shutting down or gone.
+    #[error("the engine is stopped and takes no new requests")]
+    Stopped,
+    /// The model's ladder or pool cannot be scheduled.
+    #[error(transparent)]
+    Ladder(#[from] LadderError),
+    /// The model failed to load.
+    #[error("the model failed to load: {0}")]
+    Load(String),
+    /// A request failed inside the engine.
+    #[error("request {id} failed: {message}")]
+    Request { id: RequestId, message: String },
+}
+
+/// Cumulative step counts and host-time split, for `bench` and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Prefill steps run.
+    pub prefill_steps: u64,
+    /// Prompt tokens those steps processed.
+    pub prefill_tokens: u64,
+    /// Time of prefill steps, by phase.
+    pub prefill_time: StepTimings,
+    /// Decode steps run.
+    pub decode_steps: u64,
+    /// Rows those steps decoded (live rows, not padding).
+    pub decode_rows: u64,
+    /// Time of decode steps, by phase.
+    pub decode_time: StepTimings,
+}
+
+/// A snapshot of the engine's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Sequences admitted.
+    pub running: usize,
+    /// Sequences queued.
+    pub waiting: usize,
+    /// K/V pages held.
+    pub kv_pages_used: usize,
+    /// K/V pages that can be held.
+    pub kv_pages_total: usize,
+    /// Prompt tokens of all requests accepted.
+    pub prompt_tokens_total: u64,
+    /// Tokens generated.
+    pub generation_tokens_total: u64,
+    /// Requests ended, by any reason.
+    pub requests_finished: u64,
+    /// Preemptions by recompute.
+    pub preemptions_total: u64,
+    /// Steps and their time.
+    pub steps: StepStats,
+}
+
+/// The outcome of [`EngineHandle::generate_blocking`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateResult {
+    /// The request's id.
+    pub id: RequestId,
+    /// The generated token ids.
+    pub token_ids: Vec<u32>,
+    /// Each token's log-probability (when asked for).
+    pub logprobs: Vec<Option<f32>>,
+    /// Each token's top alternatives (when asked for).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Time split.
+    pub timings: RequestTimings,
+}
+
+enum Command {
+    Submit {
+        id: RequestId,
+        request: GenerateRequest,
+        arrived: Instant,
+        events: UnboundedSender<TokenEvent>,
+    },
+    Abort(RequestId),
+    Shutdown,
+}
+
+#[derive(Debug)]
+struct Limits {
+    ladder: Ladder,
+    allocatable_pages: usize,
+}
+
+#[derive(Debug)]
+struct Shared {
+    commands: Mutex<Option<mpsc::Sender<Command>>>,
+    next_id: AtomicU64,
+    accepting: AtomicBool,
+    limits: Limits,
+    shape: ModelShape,
+    load_timings: Option<LoadTimings>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Submit { id, .. } => write!(f, "Submit({id})"),
+            Command::Abort(id) => write!(f, "Abort({id})"),
+            Command::Shutdown => f.write_str("Shutdown"),
+        }
+    }
+}
+
+/// Starts engine threads.
+#[derive(Debug)]
+pub struct Engine;
+
+impl Engine {
+    /// Starts the engine thread over an executor that can move to it.
+    pub fn start<E>(executor: E) -> Result<EngineHandle, EngineError>
+    where
+        E: ModelExecutor + Send + 'static,
+    {
+        Self::start_with(move || Ok::<_, std::convert::Infallible>(executor))
+    }
+
+    /// Starts the engine thread and builds the executor on it (for executors that must stay on
+    /// the thread that made them); waits until it is built.
+    pub fn start_with<E, F, Err>(make: F) -> Result<EngineHandle, EngineError>
+    where
+        E: ModelExecutor + 'static,
+        F: FnOnce() -> Result<E, Err> + Send + 'static,
+        Err: std::fmt::Display,
+    {
+        let (ready_tx, ready_rx) =
+            mpsc::channel::<Result<(ModelShape, Option<LoadTimings>), EngineError>>();
+        let (command_tx, command_rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats::default()));
+        let thread_stats = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("tlaloc-engine".into())
+            .spawn(move || {
+                let executor = match make() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(EngineError::Load(e.to_string())));
+                        return;
+                    }
+                };
+                let scheduler = match Scheduler::new(executor.shape()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((executor.shape().clone(), executor.load_timings())));
+                let mut actor = Actor {
+                    executor,
+                    scheduler,
+                    listeners: HashMap::new(),
+                    stats: thread_stats,
+                    totals: EngineStats::default(),
+                };
+                actor.run(command_rx);
+            })
+            .map_err(|e| EngineError::Load(format!("cannot start the engine thread: {e}")))?;
+        let (shape, load_timings) = match ready_rx.recv() {
+            Ok(Ok(ready)) => ready,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(EngineError::Load(
+                    "the engine thread ended while loading".into(),
+                ));
+            }
+        };
+        let ladder = Ladder::new(&shape.entries, shape.block_size)?;
+        {
+            let mut s = stats.lock().expect("engine stats lock");
+            s.kv_pages_total = shape.num_blocks - 1;
+        }
+        let shared = Shared {
+            commands: Mutex::new(Some(command_tx)),
+            next_id: AtomicU64::new(1),
+            accepting: AtomicBool::new(true),
+            limits: Limits {
+                ladder,
+                allocatable_pages: shape.num_blocks - 1,
+            },
+            shape,
+            load_timings,
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok(EngineHandle {
+            shared: Arc::new(shared),
+            stats,
+        })
+    }
+}
+
+/// The cloneable, thread-safe way in to a running engine.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    stats: Arc<Mutex<EngineStats>>,
+}
+
+impl EngineHandle {
+    /// Queues a request; returns its id and its event stream, or the refusal, named.
+    /// Dropping the receiver aborts the request.
+    pub fn submit(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<(RequestId, UnboundedReceiver<TokenEvent>), EngineError> {
+        if !self.shared.accepting.load(Ordering::Acquire) {
+            return Err(EngineError::Stopped);
+        }
+        scheduler::validate_request(
+            &request,
+            &self.shared.limits.ladder,
+            self.shared.limits.allocatable_pages,
+            self.shared.shape.block_size,
+            self.shared.shape.vocab_size,
+        )?;
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, receiver) = unbounded_channel();
+        self.send(Command::Submit {
+            id,
+            request,
+            arrived: Instant::now(),
+            events,
+        })?;
+        Ok((id, receiver))
+    }
+
+    /// Ends a request; its pages are freed before the next step and its stream gets
+    /// `Finished { reason: Abort }`. Aborting an unknown or ended request does nothing.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.send(Command::Abort(id));
+    }
+
+    /// The current counts (never waits on a step).
+    pub fn stats(&self) -> EngineStats {
+        *self.stats.lock().expect("engine stats lock")
+    }
+
+    /// The model's shape, ladder and bytes-per-step inputs.
+    pub fn shape(&self) -> &ModelShape {
+        &self.shared.shape
+    }
+
+    /// The longest prompt + max_tokens served.
+    pub fn max_context(&self) -> usize {
+        self.shared.limits.ladder.max_context()
+    }
+
+    /// Where start-up time went (when the executor measured it).
+    pub fn load_timings(&self) -> Option<&LoadTimings> {
+        self.shared.load_timings.as_ref()
+    }
+
+    /// Stops taking requests, lets the queued and running ones finish, then ends the engine
+    /// thread and waits for it.
+    pub fn shutdown(&self) {
+        self.shared.accepting.store(false, Ordering::Release);
+        let _ = self.send(Command::Shutdown);
+        let thread = self
+            .shared
+            .thread
+            .lock()
+            .expect("engine thread lock")
+            .take();
+        if let Some(thread) = thread
+            && thread.join().is_err()
+        {
+            tracing::error!("the engine thread panicked");
+        }
+        self.shared
+            .commands
+            .lock()
+            .expect("engine command lock")
+            .take();
+    }
+
+    /// Submits and waits for the whole result (for the CLI; must not be called from inside an
+    /// async runtime, whose threads may not block).
+    pub fn generate_blocking(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<GenerateResult, EngineError> {
+        let (id, mut events) = self.submit(request)?;
+        let mut result = GenerateResult {
+            id,
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            finish_reason: FinishReason::Abort,
+            usage: Usage::default(),
+            timings: RequestTimings::default(),
+        };
+        while let Some(event) = events.blocking_recv() {
+            match event {
+                TokenEvent::Token {
+                    id: token,
+                    logprob,
+                    top_logprobs,
+                } => {
+                    result.token_ids.push(token);
+                    result.logprobs.push(logprob);
+                    result.top_logprobs.push(top_logprobs);
+                }
+                TokenEvent::Finished {
+                    reason,
+                    usage,
+                    timings,
+                } => {
+                    result.finish_reason = reason;
+                    result.usage = usage;
+                    result.timings = timings;
+                    return Ok(result);
+                }
+                TokenEvent::Error { message } => return Err(EngineError::Request { id, message }),
+            }
+        }
+        Err(EngineError::Request {
+            id,
+            message: "the engine stopped before the request finished".into(),
+        })
+    }
+
+    fn send(&self, command: Command) -> Result<(), EngineError> {
+        let commands = self.shared.commands.lock().expect("engine command lock");
+        let sender = commands.as_ref().ok_or(EngineError::Stopped)?;
+        sender.send(command).map_err(|_| EngineError::Stopped)
+    }
+}
+
+struct Actor<E> {
+    executor: E,
+    scheduler: Scheduler,
+    listeners: HashMap<RequestId, UnboundedSender<TokenEvent>>,
+    stats: Arc<Mutex<EngineStats>>,
+    totals: EngineStats,
+}
+
+impl<E: ModelExecutor> Actor<E> {
+    fn run(&mut self, commands: mpsc::Receiver<Command>) {
+        let mut shutting_down = false;
+        let mut disconnected = false;
+        loop {
+            if !self.scheduler.has_work() {
+                if shutting_down || disconnected {
+                    break;
+                }
+                match commands.recv() {
+                    Ok(command) => shutting_down |= self.handle(command),
+                    Err(_) => break,
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(command) => shutting_down |= self.handle(command),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        disconnected = true;
+                        break;
+                    }
+                }
+            }
+            self.drop_closed_listeners();
+            if self.scheduler.has_work() {
+                self.step();
+            }
+            self.publish();
+        }
+        self.publish();
+    }
+
+    /// Returns whether the command asks to shut down.
+    fn handle(&mut self, command: Command) -> bool {
+        match command {
+            Command::Submit {
+                id,
+                request,
+                arrived,
+                events,
+            } => {
+                let prompt_tokens = request.prompt_ids.len() as u64;
+                match self.scheduler.add_arrived(id, request, arrived) {
+                    Ok(()) => {
+                        self.totals.prompt_tokens_total += prompt_tokens;
+                        self.listeners.insert(id, events);
+                    }
+                    Err(refusal) => {
+                        let _ = events.send(TokenEvent::Error {
+                            message: refusal.to_string(),
+                        });
+                    }
+                }
+                false
+            }
+            Command::Abort(id) => {
+                self.abort(id);
+                false
+            }
+            Command::Shutdown => true,
+        }
+    }
+
+    fn abort(&mut self, id: RequestId) {
+        if let Some(finish) = self.scheduler.abort(id) {
+            self.totals.requests_finished += 1;
+            // Counts first, so that a listener woken by the event sees the pages freed.
+            self.publish();
+            if let Some(listener) = self.listeners.remove(&id) {
+                let _ = listener.send(finished_event(finish));
+            }
+        }
+    }
+
+    fn drop_closed_listeners(&mut self) {
+        let closed: Vec<RequestId> = self
+            .listeners
+            .iter()
+            .filter(|(_, l)| l.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in closed {
+            tracing::debug!(id, "listener gone; aborting");
+            self.abort(id);
+        }
+    }
+
+    fn step(&mut self) {
+        let started = Instant::now();
+        let step = match self.scheduler.schedule() {
+            Ok(Some(step)) => step,
+            Ok(None) => return,
+            Err(unschedulable) => {
+                for (id, _) in unschedulable.ended {
+                    self.fail(id, unschedulable.error.to_string());
+                }
+                return;
+            }
+        };
+        let build = started.elapsed();
+        let output = match self.executor.step(&step.entry, &step.inputs) {
+            Ok(output) => output,
+            Err(err) => {
+                // The pools' state is unknown after a failed step: end everything in flight.
+                tracing::error!(entry = %step.entry, error = %err, "step failed");
+                for (id, _) in self.scheduler.abort_all() {
+                    self.fail(id, err.to_string());
+                }
+                return;
+            }
+        };
+        let mut timings = output.timings;
+        timings.build = build;
+        let steps = &mut self.totals.steps;
+        match step.entry.kind {
+            EntryKind::Prefill => {
+                steps.prefill_steps += 1;
+                steps.prefill_tokens += step.rows.iter().map(|r| r.tokens as u64).sum::<u64>();
+                steps.prefill_time += timings;
+            }
+            EntryKind::Decode => {
+                steps.decode_steps += 1;
+                steps.decode_rows += step.rows.len() as u64;
+                steps.decode_time += timings;
+            }
+        }
+        match self.scheduler.complete(&step, &output) {
+            Ok(updates) => self.deliver(updates),
+            Err(err) => {
+                tracing::error!(error = %err, "step output refused");
+                for (id, _) in self.scheduler.abort_all() {
+                    self.fail(id, err.to_string());
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, updates: Vec<TokenUpdate>) {
+        let mut outbox = Vec::with_capacity(updates.len());
+        let mut gone = Vec::new();
+        for update in updates {
+            self.totals.generation_tokens_total += 1;
+            let token = TokenEvent::Token {
+                id: update.sampled.token,
+                logprob: update.sampled.logprob,
+                top_logprobs: update.sampled.top_logprobs,
+            };
+            match update.finish {
+                Some(finish) => {
+                    self.totals.requests_finished += 1;
+                    if let Some(listener) = self.listeners.remove(&update.id) {
+                        outbox.push((listener.clone(), token));
+                        outbox.push((listener, finished_event(finish)));
+                    }
+                }
+                None => {
+                    if let Some(listener) = self.listeners.get(&update.id)
+                        && listener.send(token).is_err()
+                    {
+                        gone.push(update.id);
+                    }
+                }
+            }
+        }
+        // Counts first, so that a listener woken by its last event sees its pages freed.
+        self.publish();
+        for (listener, event) in outbox {
+            let _ = listener.send(event);
+        }
+        for id in gone {
+            self.abort(id);
+        }
+    }
+
+    fn fail(&mut self, id: RequestId, message: String) {
+        self.totals.requests_finished += 1;
+        self.publish();
+        if let Some(listener) = self.listeners.remove(&id) {
+            let _ = listener.send(TokenEvent::Error { message });
+        }
+    }
+
+    fn publish(&mut self) {
+        let counts = self.scheduler.counts();
+        let mut stats = self.stats.lock().expect("engine stats lock");
+        *stats = EngineStats {
+            running: counts.running,
+            waiting: counts.waiting,
+            kv_pages_used: counts.pages_used,
+            kv_pages_total: counts.pages_total,
+            preemptions_total: counts.preemptions,
+            ..self.totals
+        };
+    }
+}
+
+fn finished_event(finish: Finish) -> TokenEvent {
+    TokenEvent::Finished {
+        reason: finish.reason,
+        usage: finish.usage,
+        timings: finish.timings,
+    }
+}

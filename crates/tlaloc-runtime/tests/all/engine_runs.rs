@@ -1,0 +1,323 @@
+//! The engine driven end to end over the fake model: batching, preemption, aborts, sampling.
+
+use std::time::{Duration, Instant};
+
+use tlaloc_runtime::scheduler::StopParams;
+use tlaloc_runtime::{
+    Engine, EngineHandle, FinishReason, GenerateRequest, SamplingParams, TokenEvent,
+};
+
+use crate::fake::{FakeModel, VOCAB, grid, reference_generate};
+
+fn prompts() -> Vec<Vec<u32>> {
+    (0..8u32)
+        .map(|i| {
+            (0..(3 + 5 * i))
+                .map(|k| (k * 13 + i * 7) % VOCAB as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn start(num_blocks: usize) -> EngineHandle {
+    Engine::start(FakeModel::new(
+        grid(&[1, 2, 4, 8], &[4, 16], &[32, 64, 128]),
+        4,
+        num_blocks,
+    ))
+    .unwrap()
+}
+
+fn assert_all_pages_free(engine: &EngineHandle) {
+    let stats = engine.stats();
+    assert_eq!(stats.kv_pages_used, 0, "pages still held: {stats:?}");
+    assert_eq!((stats.running, stats.waiting), (0, 0), "{stats:?}");
+}
+
+fn collect_ids(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<TokenEvent>,
+) -> (Vec<u32>, FinishReason) {
+    let mut ids = Vec::new();
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            TokenEvent::Token { id, .. } => ids.push(id),
+            TokenEvent::Finished { reason, .. } => return (ids, reason),
+            TokenEvent::Error { message } => panic!("request failed: {message}"),
+        }
+    }
+    panic!("stream ended without Finished");
+}
+
+#[test]
+fn eight_prompts_together_give_the_same_ids_as_alone() {
+    let max_tokens = 20;
+    let engine = start(256);
+    let alone: Vec<Vec<u32>> = prompts()
+        .into_iter()
+        .map(|p| {
+            engine
+                .generate_blocking(GenerateRequest::greedy(p, max_tokens))
+                .unwrap()
+                .token_ids
+        })
+        .collect();
+    for (p, ids) in prompts().iter().zip(&alone) {
+        assert_eq!(
+            ids,
+            &reference_generate(p, max_tokens, &[]),
+            "alone differs from the reference"
+        );
+    }
+    assert_all_pages_free(&engine);
+
+    let streams: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| {
+            engine
+                .submit(GenerateRequest::greedy(p, max_tokens))
+                .unwrap()
+                .1
+        })
+        .collect();
+    for (n, events) in streams.into_iter().enumerate() {
+        let (ids, reason) = collect_ids(events);
+        assert_eq!(ids, alone[n], "prompt {n} batched differs from alone");
+        assert_eq!(reason, FinishReason::Length);
+    }
+    let stats = engine.stats();
+    assert!(
+        stats.steps.decode_rows > stats.steps.decode_steps,
+        "decodes were never batched: {stats:?}"
+    );
+    assert_all_pages_free(&engine);
+    engine.shutdown();
+}
+
+#[test]
+fn a_pool_too_small_for_all_preempts_and_still_gives_the_same_ids() {
+    let max_tokens = 24;
+    // 20 allocatable pages of 4 tokens: the eight sequences need up to 62 tokens each.
+    let engine = start(21);
+    let streams: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| {
+            engine
+                .submit(GenerateRequest::greedy(p, max_tokens))
+                .unwrap()
+                .1
+        })
+        .collect();
+    for (p, events) in prompts().iter().zip(streams) {
+        let (ids, _) = collect_ids(events);
+        assert_eq!(ids, reference_generate(p, max_tokens, &[]));
+    }
+    let stats = engine.stats();
+    assert!(
+        stats.preemptions_total > 0,
+        "the pool never ran out: {stats:?}"
+    );
+    assert_all_pages_free(&engine);
+    engine.shutdown();
+}
+
+#[test]
+fn eos_and_stop_tokens_end_a_request_unless_eos_is_ignored() {
+    let prompt = prompts()[3].clone();
+    let free_run = reference_generate(&prompt, 30, &[]);
+    let eos = free_run[5];
+    let first = free_run.iter().position(|t| *t == eos).unwrap();
+    let model = FakeModel::new(grid(&[1, 8], &[16], &[64]), 4, 64).with_eos(vec![eos]);
+    let engine = Engine::start(model).unwrap();
+
+    let stopped = engine
+        .generate_blocking(GenerateRequest::greedy(prompt.clone(), 30))
+        .unwrap();
+    assert_eq!(stopped.token_ids, free_run[..=first]);
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(stopped.usage.completion_tokens, first + 1);
+    assert_eq!(stopped.usage.prompt_tokens, prompt.len());
+
+    let ignoring = engine
+        .generate_blocking(GenerateRequest {
+            ignore_eos: true,
+            ..GenerateRequest::greedy(prompt.clone(), 30)
+        })
+        .unwrap();
+    assert_eq!(ignoring.token_ids, free_run);
+    assert_eq!(ignoring.finish_reason, FinishReason::Length);
+
+    let stop_at = free_run[2];
+    let first_stop = free_run.iter().position(|t| *t == stop_at).unwrap();
+    let by_stop_id = engine
+        .generate_blocking(GenerateRequest {
+            ignore_eos: true,
+            stop: StopParams {
+                stop_token_ids: vec![stop_at],
+            },
+            ..GenerateRequest::greedy(prompt, 30)
+        })
+        .unwrap();
+    assert_eq!(by_stop_id.token_ids, free_run[..=first_stop]);
+    assert_eq!(by_stop_id.finish_reason, FinishReason::Stop);
+    assert_all_pages_free(&engine);
+}
+
+fn wait_until(
+    what: &str,
+    engine: &EngineHandle,
+    ok: impl Fn(&tlaloc_runtime::EngineStats) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok(&engine.stats()) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:?}",
+            engine.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn an_abort_frees_the_pages_at_once() {
+    let engine = start(256);
+    let long = GenerateRequest {
+        ignore_eos: true,
+        ..GenerateRequest::greedy(vec![1; 40], 80)
+    };
+    let (id, mut events) = engine.submit(long.clone()).unwrap();
+    // Wait for a token so the sequence holds pages.
+    assert!(matches!(
+        events.blocking_recv(),
+        Some(TokenEvent::Token { .. })
+    ));
+    assert!(engine.stats().kv_pages_used > 0);
+    engine.abort(id);
+    loop {
+        match events.blocking_recv().expect("stream ends with Finished") {
+            TokenEvent::Token { .. } => continue,
+            TokenEvent::Finished { reason, usage, .. } => {
+                assert_eq!(reason, FinishReason::Abort);
+                assert!(usage.completion_tokens < 80);
+                break;
+            }
+            TokenEvent::Error { message } => panic!("{message}"),
+        }
+    }
+    // Visible as soon as the stream says so.
+    assert_all_pages_free(&engine);
+
+    // Dropping the receiver aborts too.
+    let (_, mut events) = engine.submit(long).unwrap();
+    assert!(matches!(
+        events.blocking_recv(),
+        Some(TokenEvent::Token { .. })
+    ));
+    drop(events);
+    wait_until("the dropped request's pages", &engine, |s| {
+        s.kv_pages_used == 0 && s.running == 0
+    });
+    let stats = engine.stats();
+    assert!(stats.generation_tokens_total < 2 * 80, "{stats:?}");
+    engine.shutdown();
+}
+
+#[test]
+fn a_seeded_sampled_run_is_reproducible_and_the_seed_matters() {
+    let engine = start(256);
+    let sampled = |seed| {
+        let request = GenerateRequest {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                seed: Some(seed),
+                ..SamplingParams::greedy()
+            },
+            logprobs: Some(2),
+            ..GenerateRequest::greedy(prompts()[2].clone(), 24)
+        };
+        engine.generate_blocking(request).unwrap()
+    };
+    let a = sampled(11);
+    let b = sampled(11);
+    let c = sampled(12);
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_ne!(a.token_ids, c.token_ids);
+    assert_ne!(
+        a.token_ids,
+        reference_generate(&prompts()[2], 24, &[]),
+        "sampling at T=1 over the fake's flat logits should leave the argmax path"
+    );
+    for (lp, top) in a.logprobs.iter().zip(&a.top_logprobs) {
+        let lp = lp.expect("logprobs asked for");
+        assert!(lp <= 0.0);
+        assert_eq!(top.len(), 2);
+        assert!(top[0].1 >= top[1].1);
+    }
+    // Greedy with logprobs reads logits but keeps the in-graph token.
+    let greedy = engine
+        .generate_blocking(GenerateRequest {
+            logprobs: Some(1),
+            ..GenerateRequest::greedy(prompts()[2].clone(), 24)
+        })
+        .unwrap();
+    assert_eq!(greedy.token_ids, reference_generate(&prompts()[2], 24, &[]));
+    for (token, top) in greedy.token_ids.iter().zip(&greedy.top_logprobs) {
+        assert_eq!(top[0].0, *token);
+    }
+    assert_all_pages_free(&engine);
+}
+
+#[test]
+fn shutdown_finishes_in_flight_requests_then_refuses_new_ones() {
+    let engine = start(256);
+    let streams: Vec<_> = prompts()
+        .into_iter()
+        .map(|p| {
+            (
+                p.clone(),
+                engine.submit(GenerateRequest::greedy(p, 16)).unwrap().1,
+            )
+        })
+        .collect();
+    let other = engine.clone();
+    other.shutdown();
+    for (p, events) in streams {
+        let (ids, reason) = collect_ids(events);
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(ids, reference_generate(&p, 16, &[]));
+    }
+    assert!(matches!(
+        engine.submit(GenerateRequest::greedy(vec![1], 1)),
+        Err(tlaloc_runtime::EngineError::Stopped)
+    ));
+    let stats = engine.stats();
+    assert_eq!(stats.requests_finished, 8);
+    assert_eq!(stats.generation_tokens_total, 8 * 16);
+    assert_eq!(
+        stats.prompt_tokens_total,
+        prompts().iter().map(|p| p.len() as u64).sum::<u64>()
+    );
+    assert_all_pages_free(&engine);
+}
+
+#[test]
+fn a_refused_request_is_answered_at_once_by_name() {
+    let engine = start(256);
+    let err = engine
+        .submit(GenerateRequest::greedy(vec![1; 100], 100))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("top context bucket of 128"),
+        "{err}"
+    );
+    let err = engine
+        .submit(GenerateRequest {
+            sampling: SamplingParams {
+                top_p: 2.0,
+                ..SamplingParams::greedy()
+            },
+            ..GenerateRequest::greedy(vec![1], 1)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("top_p"), "{err}");
+}

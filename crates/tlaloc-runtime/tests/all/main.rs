@@ -1,0 +1,5 @@
+//! The runtime's integration tests, linked into one binary.
+
+mod engine_runs;
+mod fake;
+mod scheduler_steps;

@@ -1,0 +1,208 @@
+//! The scheduler's step inputs, checked field by field.
+
+use tlaloc_runtime::scheduler::{Refusal, Scheduler};
+use tlaloc_runtime::{EntryKind, GenerateRequest, ModelExecutor};
+
+use crate::fake::{FakeModel, grid, reference_next};
+
+fn run_step(s: &mut Scheduler, model: &mut FakeModel) -> tlaloc_runtime::scheduler::ScheduledStep {
+    let step = s.schedule().unwrap().expect("a step");
+    let out = model.step(&step.entry, &step.inputs).unwrap();
+    s.complete(&step, &out).unwrap();
+    step
+}
+
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_that_continue_each_other() {
+    let bs = 4;
+    let mut model = FakeModel::new(grid(&[1, 4], &[4, 8], &[16, 32]), bs, 16);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    let prompt: Vec<u32> = (0..19).map(|i| (i * 7 % 90 + 3) as u32).collect();
+    s.add(1, GenerateRequest::greedy(prompt.clone(), 3))
+        .unwrap();
+
+    // 19 tokens: chunks of 8, 8, then 3 in a T=4 entry (one padding token).
+    let expected = [(8, 0, 16), (8, 8, 16), (4, 16, 32)];
+    let mut table = Vec::new();
+    for (n, &(t, start, c)) in expected.iter().enumerate() {
+        let step = run_step(&mut s, &mut model);
+        assert_eq!(step.entry.kind, EntryKind::Prefill, "chunk {n}");
+        assert_eq!(
+            (step.entry.batch, step.entry.tokens, step.entry.context),
+            (1, t, c),
+            "chunk {n}"
+        );
+        let real = (prompt.len() - start).min(t);
+        let cols = c / bs;
+        let row_table = &step.inputs.block_tables[..cols];
+        for k in 0..t {
+            if k < real {
+                let pos = start + k;
+                assert_eq!(step.inputs.token_ids[k], prompt[pos] as i32);
+                assert_eq!(step.inputs.positions[k], pos as i32);
+                let page = row_table[pos / bs];
+                assert!(page > 0, "live token {pos} in the scratch page");
+                assert_eq!(
+                    step.inputs.slot_mapping[k],
+                    page * bs as i32 + (pos % bs) as i32
+                );
+            } else {
+                assert_eq!(step.inputs.token_ids[k], 0);
+                assert_eq!(step.inputs.positions[k], 0);
+                assert_eq!(step.inputs.slot_mapping[k], -1);
+            }
+        }
+        assert_eq!(step.inputs.seq_lens[0], (start + real) as i32);
+        // Earlier chunks' pages stay where they were.
+        let used: Vec<i32> = row_table.iter().copied().take_while(|p| *p != 0).collect();
+        assert!(used.starts_with(&table), "chunk {n} moved earlier pages");
+        table = used;
+        assert_eq!(table.len(), (start + real).div_ceil(bs));
+    }
+    // The last chunk emitted the first token; the next steps decode.
+    let step = run_step(&mut s, &mut model);
+    assert_eq!(step.entry.kind, EntryKind::Decode);
+    assert_eq!(step.inputs.positions[0], 19);
+    let mut tokens = prompt.clone();
+    tokens.push(reference_next(&tokens));
+    assert_eq!(step.inputs.token_ids[0], tokens[19] as i32);
+    run_step(&mut s, &mut model);
+    assert!(!s.has_work());
+    assert_eq!(s.counts().pages_used, 0);
+}
+
+#[test]
+fn padded_rows_follow_the_padding_contract_exactly() {
+    let bs = 4;
+    let mut model = FakeModel::new(grid(&[1, 2, 8], &[8], &[16, 32]), bs, 32);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    for id in 0..3u64 {
+        let prompt = vec![5 + id as u32; 3 + 4 * id as usize];
+        s.add(id, GenerateRequest::greedy(prompt, 10)).unwrap();
+    }
+    let mut decode = None;
+    for _ in 0..10 {
+        let step = run_step(&mut s, &mut model);
+        if step.entry.kind == EntryKind::Decode && step.rows.len() == 3 {
+            decode = Some(step);
+            break;
+        }
+    }
+    let step = decode.expect("a decode step of all three sequences");
+    // Three rows round up to the B=8 bucket; the longest row (11 prompt + 1) fits C=16.
+    assert_eq!((step.entry.batch, step.entry.context), (8, 16));
+    let cols = step.entry.context / bs;
+    for row in 3..8 {
+        assert_eq!(step.inputs.token_ids[row], 0, "row {row} tokenIds");
+        assert_eq!(step.inputs.positions[row], 0, "row {row} positions");
+        assert_eq!(step.inputs.seq_lens[row], 1, "row {row} seqLens");
+        assert_eq!(step.inputs.slot_mapping[row], -1, "row {row} slotMapping");
+        assert!(
+            step.inputs.block_tables[row * cols..(row + 1) * cols]
+                .iter()
+                .all(|p| *p == 0),
+            "row {row} blockTables"
+        );
+    }
+    for row in 0..3 {
+        let len = step.inputs.seq_lens[row];
+        assert_eq!(
+            step.inputs.positions[row],
+            len - 1,
+            "live row {row} decodes its last token"
+        );
+        assert!(step.inputs.slot_mapping[row] >= bs as i32);
+    }
+}
+
+#[test]
+fn decode_takes_the_smallest_buckets_that_fit() {
+    let bs = 4;
+    let mut model = FakeModel::new(grid(&[1, 2, 4], &[4], &[8, 16, 32]), bs, 32);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    s.add(1, GenerateRequest::greedy(vec![1, 2], 12)).unwrap();
+    let mut seen = Vec::new();
+    while s.has_work() {
+        let step = run_step(&mut s, &mut model);
+        if step.entry.kind == EntryKind::Decode {
+            seen.push((
+                step.inputs.seq_lens[0] as usize,
+                step.entry.batch,
+                step.entry.context,
+            ));
+        }
+    }
+    for (len, batch, context) in seen {
+        assert_eq!(batch, 1);
+        let smallest = [8, 16, 32].into_iter().find(|c| *c >= len).unwrap();
+        assert_eq!(context, smallest, "length {len}");
+    }
+}
+
+#[test]
+fn requests_past_the_top_context_bucket_are_refused_by_name() {
+    let model = FakeModel::new(grid(&[1], &[4], &[16, 32]), 4, 64);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    let err = s
+        .add(1, GenerateRequest::greedy(vec![1; 30], 3))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Refusal::ContextTooLong {
+            prompt_tokens: 30,
+            max_tokens: 3,
+            needed: 33,
+            max_context: 32
+        }
+    );
+    assert!(
+        err.to_string().contains("top context bucket of 32"),
+        "{err}"
+    );
+    assert!(matches!(
+        s.add(2, GenerateRequest::greedy(vec![1; 33], 1)),
+        Err(Refusal::ContextTooLong { .. })
+    ));
+    assert_eq!(
+        s.add(3, GenerateRequest::greedy(vec![], 1)),
+        Err(Refusal::EmptyPrompt)
+    );
+    assert!(matches!(
+        s.add(4, GenerateRequest::greedy(vec![1, 500], 1)),
+        Err(Refusal::TokenOutOfVocabulary {
+            token: 500,
+            index: 1,
+            ..
+        })
+    ));
+    assert_eq!(
+        s.add(5, GenerateRequest::greedy(vec![1], 0)),
+        Err(Refusal::ZeroMaxTokens)
+    );
+    // With no max_tokens the budget is what the top bucket leaves.
+    assert_eq!(
+        s.validate(&GenerateRequest {
+            max_tokens: None,
+            ..GenerateRequest::greedy(vec![1; 20], 1)
+        }),
+        Ok(12)
+    );
+    assert!(!s.has_work());
+}
+
+#[test]
+fn a_pool_that_cannot_hold_one_sequence_is_refused_by_name() {
+    let model = FakeModel::new(grid(&[1], &[4], &[64]), 4, 5);
+    let s = Scheduler::new(model.shape()).unwrap();
+    let err = s
+        .validate(&GenerateRequest::greedy(vec![1; 10], 10))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Refusal::PoolTooSmall {
+            needed: 20,
+            pages: 5,
+            allocatable: 4
+        }
+    );
+}
