@@ -10,7 +10,7 @@ use std::fmt::{self, Write};
 
 use crate::Value;
 use crate::builder::{Def, Op, ValueInfo};
-use crate::literal::ConstData;
+use crate::literal::{ConstData, Scalar};
 use crate::ops::{OpKind, ReduceBody, ReduceOp, ScatterUpdate};
 use crate::types::{DType, TensorType};
 
@@ -350,7 +350,11 @@ fn attributes(kind: &OpKind, result: &TensorType) -> (&'static str, Vec<String>)
     match kind {
         OpKind::Constant { data, splat } => {
             let mut literal = String::new();
-            if *splat {
+            if result.element_count() == Some(0) {
+                // MLIR infers `[]` as shape [0] whatever the type says; an empty tensor is
+                // written as a splat, which has no elements to disagree about.
+                let _ = write!(literal, "{}", Scalar::zero(result.dtype));
+            } else if *splat {
                 write_dense(&mut literal, data, &[], &mut 0);
             } else {
                 write_dense(&mut literal, data, &result.dims, &mut 0);

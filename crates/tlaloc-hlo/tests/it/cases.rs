@@ -2,8 +2,8 @@
 //! The snapshot test prints each program; the execution test runs each on every CPU plugin.
 
 use tlaloc_hlo::{
-    CompareDirection as Dir, DType, DotDims, FunctionBuilder, GatherSpec, Precision,
-    ReduceOp, ScatterSpec, ScatterUpdate, TensorType, Value, bf16, f16,
+    CompareDirection as Dir, DType, DotDims, FunctionBuilder, GatherSpec, Precision, ReduceOp,
+    ScatterSpec, ScatterUpdate, TensorType, Value, bf16, f16,
 };
 
 use crate::support::{Case, Lcg, Tensor, Tolerance, t, tabulate, unravel};
@@ -82,7 +82,14 @@ fn zip_f32(a: &[f32], b: &[f32], g: impl Fn(f32, f32) -> f32) -> Vec<f32> {
 
 pub fn constants() -> Case {
     let mut f = FunctionBuilder::new("constants");
-    let f32s = vec![1.0, -0.0, 1.0 / 3.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+    let f32s = vec![
+        1.0,
+        -0.0,
+        1.0 / 3.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
     let bf16s: Vec<bf16> = [0.1f32, -2.5, 65504.0, 1e-3].map(bf16::from_f32).to_vec();
     let f16s: Vec<f16> = [0.1f32, -2.5, 65504.0, 1e-3].map(f16::from_f32).to_vec();
     let outputs = vec![
@@ -187,7 +194,10 @@ pub fn binary_i32() -> Case {
         f.abs(b).unwrap(),
     ];
     let zip = |g: fn(i32, i32) -> i32| -> Tensor {
-        t([12], x.iter().zip(&y).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>())
+        t(
+            [12],
+            x.iter().zip(&y).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>(),
+        )
     };
     let expected = vec![
         zip(|a, b| a + b),
@@ -207,9 +217,19 @@ pub fn binary_logical() -> Case {
     let q = vec![true, false, true, false];
     let x = vec![0b1100i32, -1, 5, 0];
     let y = vec![0b1010i32, 3, -6, 9];
-    let (tp, tq, tx, ty) = (t([4], p.clone()), t([4], q.clone()), t([4], x.clone()), t([4], y.clone()));
+    let (tp, tq, tx, ty) = (
+        t([4], p.clone()),
+        t([4], q.clone()),
+        t([4], x.clone()),
+        t([4], y.clone()),
+    );
     let mut f = FunctionBuilder::new("binary_logical");
-    let (a, b, c, d) = (arg(&mut f, &tp), arg(&mut f, &tq), arg(&mut f, &tx), arg(&mut f, &ty));
+    let (a, b, c, d) = (
+        arg(&mut f, &tp),
+        arg(&mut f, &tq),
+        arg(&mut f, &tx),
+        arg(&mut f, &ty),
+    );
     let outs = [
         f.and(a, b).unwrap(),
         f.or(a, b).unwrap(),
@@ -218,8 +238,18 @@ pub fn binary_logical() -> Case {
         f.or(c, d).unwrap(),
         f.not(c).unwrap(),
     ];
-    let zb = |g: fn(bool, bool) -> bool| t([4], p.iter().zip(&q).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>());
-    let zi = |g: fn(i32, i32) -> i32| t([4], x.iter().zip(&y).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>());
+    let zb = |g: fn(bool, bool) -> bool| {
+        t(
+            [4],
+            p.iter().zip(&q).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>(),
+        )
+    };
+    let zi = |g: fn(i32, i32) -> i32| {
+        t(
+            [4],
+            x.iter().zip(&y).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>(),
+        )
+    };
     let expected = vec![
         zb(|a, b| a & b),
         zb(|a, b| a | b),
@@ -264,21 +294,35 @@ pub fn unary_transcendental_f32() -> Case {
         f.logistic(a).unwrap(),
         f.pow(p, a).unwrap(),
     ];
-    let r = |v: &[f32], g: fn(f64) -> f64| t([16], v.iter().map(|&x| g(x.into()) as f32).collect::<Vec<_>>());
+    let r = |v: &[f32], g: fn(f64) -> f64| {
+        t(
+            [16],
+            v.iter().map(|&x| g(x.into()) as f32).collect::<Vec<_>>(),
+        )
+    };
     let expected = vec![
         r(&x, f64::exp),
         r(&pos, f64::ln),
         r(&pos, |v| 1.0 / v.sqrt()),
         r(&x, f64::tanh),
         r(&x, |v| 1.0 / (1.0 + (-v).exp())),
-        t([16], pos.iter().zip(&x).map(|(&b, &e)| f64::from(b).powf(e.into()) as f32).collect::<Vec<_>>()),
+        t(
+            [16],
+            pos.iter()
+                .zip(&x)
+                .map(|(&b, &e)| f64::from(b).powf(e.into()) as f32)
+                .collect::<Vec<_>>(),
+        ),
     ];
     Case {
         module: f.finish(&outs).unwrap(),
         inputs: vec![tx, tp],
         expected,
         // XLA CPU's vectorised exp/log/tanh are accurate to a few ulp, not correctly rounded.
-        tolerance: Tolerance::Close { rel: 1e-6, abs: 1e-7 },
+        tolerance: Tolerance::Close {
+            rel: 1e-6,
+            abs: 1e-7,
+        },
     }
 }
 
@@ -304,7 +348,15 @@ pub fn compare_float() -> Case {
     let outs: Vec<Value> = DIRS.iter().map(|&d| f.compare(a, d, b).unwrap()).collect();
     let expected = DIRS
         .iter()
-        .map(|&d| t([6], x.iter().zip(&y).map(|(&a, &b)| holds(d, a, b)).collect::<Vec<_>>()))
+        .map(|&d| {
+            t(
+                [6],
+                x.iter()
+                    .zip(&y)
+                    .map(|(&a, &b)| holds(d, a, b))
+                    .collect::<Vec<_>>(),
+            )
+        })
         .collect();
     exact(f.finish(&outs).unwrap(), vec![tx, ty], expected)
 }
@@ -315,16 +367,38 @@ pub fn compare_signed_unsigned() -> Case {
     let yi = vec![3i32, 3, -7, i32::MAX];
     let xu = vec![200u8, 0, 255, 100];
     let yu = vec![100u8, 0, 1, 200];
-    let (txi, tyi, txu, tyu) = (t([4], xi.clone()), t([4], yi.clone()), t([4], xu.clone()), t([4], yu.clone()));
+    let (txi, tyi, txu, tyu) = (
+        t([4], xi.clone()),
+        t([4], yi.clone()),
+        t([4], xu.clone()),
+        t([4], yu.clone()),
+    );
     let mut f = FunctionBuilder::new("compare_signed_unsigned");
-    let (a, b, c, d) = (arg(&mut f, &txi), arg(&mut f, &tyi), arg(&mut f, &txu), arg(&mut f, &tyu));
+    let (a, b, c, d) = (
+        arg(&mut f, &txi),
+        arg(&mut f, &tyi),
+        arg(&mut f, &txu),
+        arg(&mut f, &tyu),
+    );
     let mut outs = Vec::new();
     let mut expected = Vec::new();
     for dir in [Dir::Lt, Dir::Ge] {
         outs.push(f.compare(a, dir, b).unwrap());
-        expected.push(t([4], xi.iter().zip(&yi).map(|(&p, &q)| holds(dir, p, q)).collect::<Vec<_>>()));
+        expected.push(t(
+            [4],
+            xi.iter()
+                .zip(&yi)
+                .map(|(&p, &q)| holds(dir, p, q))
+                .collect::<Vec<_>>(),
+        ));
         outs.push(f.compare(c, dir, d).unwrap());
-        expected.push(t([4], xu.iter().zip(&yu).map(|(&p, &q)| holds(dir, p, q)).collect::<Vec<_>>()));
+        expected.push(t(
+            [4],
+            xu.iter()
+                .zip(&yu)
+                .map(|(&p, &q)| holds(dir, p, q))
+                .collect::<Vec<_>>(),
+        ));
     }
     exact(f.finish(&outs).unwrap(), vec![txi, tyi, txu, tyu], expected)
 }
@@ -333,7 +407,11 @@ pub fn select_and_clamp() -> Case {
     let p = vec![true, false, true, false, false, true];
     let x = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let y = vec![-1.0f32, -2.0, -3.0, -4.0, -5.0, -6.0];
-    let (tp, tx, ty) = (t([2, 3], p.clone()), t([2, 3], x.clone()), t([2, 3], y.clone()));
+    let (tp, tx, ty) = (
+        t([2, 3], p.clone()),
+        t([2, 3], x.clone()),
+        t([2, 3], y.clone()),
+    );
     let mut f = FunctionBuilder::new("select_and_clamp");
     let (pv, xv, yv) = (arg(&mut f, &tp), arg(&mut f, &tx), arg(&mut f, &ty));
     let chosen = f.select(pv, xv, yv).unwrap();
@@ -348,7 +426,11 @@ pub fn select_and_clamp() -> Case {
         t([2, 3], y.clone()),
         t([2, 3], map_f32(&chosen_ref, |v| v.clamp(-2.5, 4.5))),
     ];
-    exact(f.finish(&[chosen, all_y, clamped]).unwrap(), vec![tp, tx, ty], expected)
+    exact(
+        f.finish(&[chosen, all_y, clamped]).unwrap(),
+        vec![tp, tx, ty],
+        expected,
+    )
 }
 
 /// Float narrowing rounds to nearest even (as `half` does); float to int truncates toward zero.
@@ -376,7 +458,10 @@ pub fn convert() -> Case {
     let expected = vec![
         t([12], bf.clone()),
         t([12], bf.iter().map(|v| v.to_f32()).collect::<Vec<_>>()),
-        t([12], x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>()),
+        t(
+            [12],
+            x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>(),
+        ),
         t([12], x.iter().map(|&v| v as i32).collect::<Vec<_>>()),
         t([2], vec![1.0f32, 0.0]),
         t([2], i.iter().map(|&v| v as f32).collect::<Vec<_>>()),
@@ -389,7 +474,11 @@ pub fn broadcast_in_dim() -> Case {
     let row = vec![1.0f32, 2.0, 3.0];
     let col = vec![10i32, 20, 30];
     let m: Vec<f32> = (0..6).map(|v| v as f32).collect();
-    let (trow, tcol, tm) = (t([3], row.clone()), t([3, 1], col.clone()), t([2, 3], m.clone()));
+    let (trow, tcol, tm) = (
+        t([3], row.clone()),
+        t([3, 1], col.clone()),
+        t([2, 3], m.clone()),
+    );
     let mut f = FunctionBuilder::new("broadcast_in_dim");
     let (r, c, mv) = (arg(&mut f, &trow), arg(&mut f, &tcol), arg(&mut f, &tm));
     let outs = [
@@ -413,10 +502,16 @@ pub fn reshape_transpose() -> Case {
     let tx = t([2, 3, 4], x.clone());
     let mut f = FunctionBuilder::new("reshape_transpose");
     let a = arg(&mut f, &tx);
-    let outs = [f.reshape(a, [6, 4]).unwrap(), f.transpose(a, [2, 0, 1]).unwrap()];
+    let outs = [
+        f.reshape(a, [6, 4]).unwrap(),
+        f.transpose(a, [2, 0, 1]).unwrap(),
+    ];
     let expected = vec![
         t([6, 4], x.clone()),
-        t([4, 2, 3], tabulate(&[4, 2, 3], |i| x[i[1] * 12 + i[2] * 4 + i[0]])),
+        t(
+            [4, 2, 3],
+            tabulate(&[4, 2, 3], |i| x[i[1] * 12 + i[2] * 4 + i[0]]),
+        ),
     ];
     exact(f.finish(&outs).unwrap(), vec![tx], expected)
 }
@@ -475,7 +570,9 @@ fn dot_case(name: &str, ld: &[usize], rd: &[usize], dims: DotDims, seed: u64) ->
     let (tl, tr) = (t(ld, l.clone()), t(rd, r.clone()));
     let mut f = FunctionBuilder::new(name);
     let (a, b) = (arg(&mut f, &tl), arg(&mut f, &tr));
-    let out = f.dot_general(a, b, &dims, Some(Precision::Highest), None).unwrap();
+    let out = f
+        .dot_general(a, b, &dims, Some(Precision::Highest), None)
+        .unwrap();
     let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
     let (od, o) = dot_reference(&widen(&l), ld, &widen(&r), rd, &dims);
     Case {
@@ -483,7 +580,10 @@ fn dot_case(name: &str, ld: &[usize], rd: &[usize], dims: DotDims, seed: u64) ->
         inputs: vec![tl, tr],
         expected: vec![t(od, o.iter().map(|&v| v as f32).collect::<Vec<_>>())],
         // f32 accumulation in the plugin's order against an f64 reference.
-        tolerance: Tolerance::Close { rel: 1e-5, abs: 1e-6 },
+        tolerance: Tolerance::Close {
+            rel: 1e-5,
+            abs: 1e-6,
+        },
     }
 }
 
@@ -521,8 +621,16 @@ pub fn dot_general_batched() -> Case {
 /// and partial sum is exact in f32 and the result must match exactly.
 pub fn dot_general_bf16_to_f32() -> Case {
     let mut rng = Lcg::new(8);
-    let l: Vec<f32> = rng.i32s(2 * 8, -16, 16).iter().map(|&v| v as f32 / 8.0).collect();
-    let r: Vec<f32> = rng.i32s(8 * 3, -16, 16).iter().map(|&v| v as f32 / 8.0).collect();
+    let l: Vec<f32> = rng
+        .i32s(2 * 8, -16, 16)
+        .iter()
+        .map(|&v| v as f32 / 8.0)
+        .collect();
+    let r: Vec<f32> = rng
+        .i32s(8 * 3, -16, 16)
+        .iter()
+        .map(|&v| v as f32 / 8.0)
+        .collect();
     let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
     let (tl, tr) = (t([2, 8], to_bf16(&l)), t([8, 3], to_bf16(&r)));
     let mut f = FunctionBuilder::new("dot_general_bf16_to_f32");
@@ -559,17 +667,43 @@ pub fn reduce_sum_max_min() -> Case {
     ];
     let at = |i: usize, j: usize, k: usize| x[i * 12 + j * 4 + k];
     let expected = vec![
-        t([2, 3], tabulate(&[2, 3], |o| (0..4).map(|k| f64::from(at(o[0], o[1], k))).sum::<f64>() as f32)),
-        t([3], tabulate(&[3], |o| (0..2).flat_map(|i| (0..4).map(move |k| (i, k))).map(|(i, k)| at(i, o[0], k)).fold(f32::NEG_INFINITY, f32::max))),
-        t([2, 4], tabulate(&[2, 4], |o| (0..3).map(|j| at(o[0], j, o[1])).fold(f32::INFINITY, f32::min))),
-        t([], vec![(0.5 + x.iter().map(|&v| f64::from(v)).sum::<f64>()) as f32]),
+        t(
+            [2, 3],
+            tabulate(&[2, 3], |o| {
+                (0..4).map(|k| f64::from(at(o[0], o[1], k))).sum::<f64>() as f32
+            }),
+        ),
+        t(
+            [3],
+            tabulate(&[3], |o| {
+                (0..2)
+                    .flat_map(|i| (0..4).map(move |k| (i, k)))
+                    .map(|(i, k)| at(i, o[0], k))
+                    .fold(f32::NEG_INFINITY, f32::max)
+            }),
+        ),
+        t(
+            [2, 4],
+            tabulate(&[2, 4], |o| {
+                (0..3)
+                    .map(|j| at(o[0], j, o[1]))
+                    .fold(f32::INFINITY, f32::min)
+            }),
+        ),
+        t(
+            [],
+            vec![(0.5 + x.iter().map(|&v| f64::from(v)).sum::<f64>()) as f32],
+        ),
     ];
     Case {
         module: f.finish(&outs).unwrap(),
         inputs: vec![tx],
         expected,
         // Sums in f32 in the plugin's order against an f64 reference; max/min are exact.
-        tolerance: Tolerance::Close { rel: 1e-5, abs: 1e-5 },
+        tolerance: Tolerance::Close {
+            rel: 1e-5,
+            abs: 1e-5,
+        },
     }
 }
 
@@ -581,8 +715,14 @@ pub fn reduce_i32() -> Case {
     let a = arg(&mut f, &tx);
     let outs = [f.reduce_sum(a, [1]).unwrap(), f.reduce_max(a, [0]).unwrap()];
     let expected = vec![
-        t([3], tabulate(&[3], |o| (0..5).map(|k| x[o[0] * 5 + k]).sum::<i32>())),
-        t([5], tabulate(&[5], |o| (0..3).map(|i| x[i * 5 + o[0]]).max().unwrap())),
+        t(
+            [3],
+            tabulate(&[3], |o| (0..5).map(|k| x[o[0] * 5 + k]).sum::<i32>()),
+        ),
+        t(
+            [5],
+            tabulate(&[5], |o| (0..3).map(|i| x[i * 5 + o[0]]).max().unwrap()),
+        ),
     ];
     exact(f.finish(&outs).unwrap(), vec![tx], expected)
 }
@@ -658,7 +798,10 @@ pub fn gather_embedding() -> Case {
         indices_are_sorted: false,
     };
     let out = f.gather(a, b, &spec).unwrap();
-    let expected = t([4, 3], tabulate(&[4, 3], |o| table[ids[o[0]] as usize * 3 + o[1]]));
+    let expected = t(
+        [4, 3],
+        tabulate(&[4, 3], |o| table[ids[o[0]] as usize * 3 + o[1]]),
+    );
     exact(f.finish(&[out]).unwrap(), vec![tt, ti], vec![expected])
 }
 
@@ -722,7 +865,11 @@ pub fn scatter_replace_drops_out_of_bounds() -> Case {
     let pool: Vec<f32> = (0..18).map(|v| v as f32).collect();
     let slots = vec![4i32, -1, 0, 6];
     let updates: Vec<f32> = (0..12).map(|v| -(v as f32) - 1.0).collect();
-    let (tp, ts, tu) = (t([6, 3], pool.clone()), t([4, 1], slots.clone()), t([4, 3], updates.clone()));
+    let (tp, ts, tu) = (
+        t([6, 3], pool.clone()),
+        t([4, 1], slots.clone()),
+        t([4, 3], updates.clone()),
+    );
     let mut f = FunctionBuilder::new("scatter_replace_drops_out_of_bounds");
     let (a, b, c) = (arg(&mut f, &tp), arg(&mut f, &ts), arg(&mut f, &tu));
     let spec = ScatterSpec {
@@ -741,7 +888,11 @@ pub fn scatter_replace_drops_out_of_bounds() -> Case {
             want[s as usize * 3..s as usize * 3 + 3].copy_from_slice(&updates[k * 3..k * 3 + 3]);
         }
     }
-    exact(f.finish(&[out]).unwrap(), vec![tp, ts, tu], vec![t([6, 3], want)])
+    exact(
+        f.finish(&[out]).unwrap(),
+        vec![tp, ts, tu],
+        vec![t([6, 3], want)],
+    )
 }
 
 /// Duplicate indices accumulate. Small integers keep every sum exact in any order.
@@ -767,7 +918,11 @@ pub fn scatter_add() -> Case {
     for (k, &i) in idx.iter().enumerate() {
         want[i as usize] += upd[k];
     }
-    exact(f.finish(&[out]).unwrap(), vec![tx, ti, tu], vec![t([5], want)])
+    exact(
+        f.finish(&[out]).unwrap(),
+        vec![tx, ti, tu],
+        vec![t([5], want)],
+    )
 }
 
 pub fn dynamic_slice() -> Case {
@@ -788,7 +943,12 @@ pub fn dynamic_update_slice() -> Case {
     let (tx, tu) = (t([3, 4], x), t([2, 2], u.clone()));
     let (r, c) = (t([], vec![2i32]), t([], vec![1i32]));
     let mut f = FunctionBuilder::new("dynamic_update_slice");
-    let (a, b, rv, cv) = (arg(&mut f, &tx), arg(&mut f, &tu), arg(&mut f, &r), arg(&mut f, &c));
+    let (a, b, rv, cv) = (
+        arg(&mut f, &tx),
+        arg(&mut f, &tu),
+        arg(&mut f, &r),
+        arg(&mut f, &c),
+    );
     let out = f.dynamic_update_slice(a, b, &[rv, cv]).unwrap();
     // Row start 2 is clamped to 3 - 2 = 1.
     let expected = t(
@@ -801,7 +961,11 @@ pub fn dynamic_update_slice() -> Case {
             }
         }),
     );
-    exact(f.finish(&[out]).unwrap(), vec![tx, tu, r, c], vec![expected])
+    exact(
+        f.finish(&[out]).unwrap(),
+        vec![tx, tu, r, c],
+        vec![expected],
+    )
 }
 
 pub fn concatenate() -> Case {
@@ -828,7 +992,10 @@ pub fn slice() -> Case {
     let mut f = FunctionBuilder::new("slice");
     let a = arg(&mut f, &tx);
     let out = f.slice(a, [1, 0], [5, 5], [2, 3]).unwrap();
-    let expected = t([2, 2], tabulate(&[2, 2], |o| x[(1 + 2 * o[0]) * 6 + 3 * o[1]]));
+    let expected = t(
+        [2, 2],
+        tabulate(&[2, 2], |o| x[(1 + 2 * o[0]) * 6 + 3 * o[1]]),
+    );
     exact(f.finish(&[out]).unwrap(), vec![tx], vec![expected])
 }
 
@@ -849,4 +1016,3 @@ pub fn donation_and_names() -> Case {
     ];
     exact(f.finish(&[sum, updated]).unwrap(), vec![td, tp], expected)
 }
-

@@ -92,7 +92,11 @@ fn shape_ops_check_dims() {
         "broadcast_in_dim",
         &["size 3", "size 4"],
     );
-    refused(f.broadcast_in_dim(x, [2, 3], [0]), "broadcast_in_dim", &["needs 2"]);
+    refused(
+        f.broadcast_in_dim(x, [2, 3], [0]),
+        "broadcast_in_dim",
+        &["needs 2"],
+    );
     refused(
         f.broadcast_in_dim(x, [3, 2, 3], [2, 2]),
         "broadcast_in_dim",
@@ -102,10 +106,18 @@ fn shape_ops_check_dims() {
     refused(f.reshape(x, [5]), "reshape", &["element counts"]);
     refused(f.transpose(x, [0, 0]), "transpose", &["twice"]);
     refused(f.transpose(x, [1]), "transpose", &["needs 2"]);
-    refused(f.slice(x, [0, 1], [2, 4], [1, 1]), "slice", &["dim 1", "limit 4"]);
+    refused(
+        f.slice(x, [0, 1], [2, 4], [1, 1]),
+        "slice",
+        &["dim 1", "limit 4"],
+    );
     refused(f.slice(x, [0, 0], [2, 3], [1, 0]), "slice", &["stride"]);
     let y = f.arg(ty(DType::F32, &[3, 3]));
-    refused(f.concatenate(&[x, y], 1), "concatenate", &["operand 1", "tensor<3x3xf32>"]);
+    refused(
+        f.concatenate(&[x, y], 1),
+        "concatenate",
+        &["operand 1", "tensor<3x3xf32>"],
+    );
     refused(f.concatenate(&[x, y], 2), "concatenate", &["dimension 2"]);
     refused(f.concatenate(&[], 0), "concatenate", &["at least one"]);
 }
@@ -121,20 +133,34 @@ fn dot_general_refuses_mismatched_contracting_dims() {
     refused(
         f.dot_general(a, b, &dims, Some(Precision::Highest), None),
         "dot_general",
-        &["contracting dims differ", "lhs dim 1", "is 3", "rhs dim 0", "is 4"],
+        &[
+            "contracting dims differ",
+            "lhs dim 1",
+            "is 3",
+            "rhs dim 0",
+            "is 4",
+        ],
     );
     let dims = DotDims {
         lhs_batch: vec![0],
         rhs_batch: vec![],
         ..DotDims::default()
     };
-    refused(f.dot_general(a, b, &dims, None, None), "dot_general", &["batching"]);
+    refused(
+        f.dot_general(a, b, &dims, None, None),
+        "dot_general",
+        &["batching"],
+    );
     let dims = DotDims {
         lhs_contract: vec![1, 1],
         rhs_contract: vec![0, 1],
         ..DotDims::default()
     };
-    refused(f.dot_general(a, b, &dims, None, None), "dot_general", &["twice"]);
+    refused(
+        f.dot_general(a, b, &dims, None, None),
+        "dot_general",
+        &["twice"],
+    );
     let (mut f, a, b) = two_args(ty(DType::Bf16, &[2, 3]), ty(DType::Bf16, &[3, 4]));
     let dims = DotDims {
         lhs_contract: vec![1],
@@ -147,7 +173,11 @@ fn dot_general_refuses_mismatched_contracting_dims() {
         &["i32", "float"],
     );
     let c = f.arg(ty(DType::F32, &[3, 4]));
-    refused(f.dot_general(a, c, &dims, None, None), "dot_general", &["share one"]);
+    refused(
+        f.dot_general(a, c, &dims, None, None),
+        "dot_general",
+        &["share one"],
+    );
 }
 
 #[test]
@@ -155,8 +185,16 @@ fn reductions_check_init_dims_and_index_type() {
     let mut f = FunctionBuilder::new("t");
     let x = f.arg(ty(DType::F32, &[2, 3]));
     let wrong_init = f.scalar(0i32);
-    refused(f.reduce(x, wrong_init, [1], ReduceOp::Sum), "reduce", &["tensor<i32>", "tensor<f32>"]);
-    refused(f.reduce_sum(x, [2]), "reduce", &["dimension 2", "rank is 2"]);
+    refused(
+        f.reduce(x, wrong_init, [1], ReduceOp::Sum),
+        "reduce",
+        &["tensor<i32>", "tensor<f32>"],
+    );
+    refused(
+        f.reduce_sum(x, [2]),
+        "reduce",
+        &["dimension 2", "rank is 2"],
+    );
     refused(f.reduce_max(x, [0, 0]), "reduce", &["twice"]);
     refused(f.argmax(x, 1, DType::F32), "reduce", &["index type f32"]);
     refused(f.argmax(x, 2, DType::I32), "reduce", &["axis 2"]);
@@ -165,10 +203,22 @@ fn reductions_check_init_dims_and_index_type() {
 #[test]
 fn constants_check_counts_and_representability() {
     let mut f = FunctionBuilder::new("t");
-    refused(f.constant([2, 2], vec![1.0f32; 3]), "constant", &["4 elements", "3 values"]);
-    refused(f.full(&ty(DType::I32, &[2]), 0.5), "constant", &["0.5", "i32"]);
+    refused(
+        f.constant([2, 2], vec![1.0f32; 3]),
+        "constant",
+        &["4 elements", "3 values"],
+    );
+    refused(
+        f.full(&ty(DType::I32, &[2]), 0.5),
+        "constant",
+        &["0.5", "i32"],
+    );
     refused(f.full(&ty(DType::U8, &[2]), -1.0), "constant", &["ui8"]);
-    refused(f.iota(ty(DType::I32, &[4]), 1), "iota", &["iota_dimension 1"]);
+    refused(
+        f.iota(ty(DType::I32, &[4]), 1),
+        "iota",
+        &["iota_dimension 1"],
+    );
     refused(f.iota(ty(DType::Pred, &[4]), 0), "iota", &["i1"]);
 }
 
@@ -186,22 +236,35 @@ fn embedding_spec() -> GatherSpec {
 #[test]
 fn gather_checks_dimension_numbers() {
     let (mut f, table, ids) = two_args(ty(DType::F32, &[5, 3]), ty(DType::I32, &[4]));
-    f.gather(table, ids, &embedding_spec()).expect("the embedding gather is valid");
+    f.gather(table, ids, &embedding_spec())
+        .expect("the embedding gather is valid");
     let spec = GatherSpec {
         slice_sizes: vec![1, 4],
         ..embedding_spec()
     };
-    refused(f.gather(table, ids, &spec), "gather", &["slice_sizes [1, 4]"]);
+    refused(
+        f.gather(table, ids, &spec),
+        "gather",
+        &["slice_sizes [1, 4]"],
+    );
     let spec = GatherSpec {
         slice_sizes: vec![2, 3],
         ..embedding_spec()
     };
-    refused(f.gather(table, ids, &spec), "gather", &["collapsed slice dim 0", "size 2"]);
+    refused(
+        f.gather(table, ids, &spec),
+        "gather",
+        &["collapsed slice dim 0", "size 2"],
+    );
     let spec = GatherSpec {
         start_index_map: vec![0, 1],
         ..embedding_spec()
     };
-    refused(f.gather(table, ids, &spec), "gather", &["start_index_map", "has 1"]);
+    refused(
+        f.gather(table, ids, &spec),
+        "gather",
+        &["start_index_map", "has 1"],
+    );
     let spec = GatherSpec {
         offset_dims: vec![1, 2],
         ..embedding_spec()
@@ -211,9 +274,17 @@ fn gather_checks_dimension_numbers() {
         index_vector_dim: 2,
         ..embedding_spec()
     };
-    refused(f.gather(table, ids, &spec), "gather", &["index_vector_dim 2"]);
+    refused(
+        f.gather(table, ids, &spec),
+        "gather",
+        &["index_vector_dim 2"],
+    );
     let float_ids = f.arg(ty(DType::F32, &[4]));
-    refused(f.gather(table, float_ids, &embedding_spec()), "gather", &["integer"]);
+    refused(
+        f.gather(table, float_ids, &embedding_spec()),
+        "gather",
+        &["integer"],
+    );
 }
 
 fn kv_write_spec() -> ScatterSpec {
@@ -234,13 +305,26 @@ fn scatter_checks_dimension_numbers() {
     let pool = f.arg(ty(DType::F32, &[6, 3]));
     let slots = f.arg(ty(DType::I32, &[4, 1]));
     let rows = f.arg(ty(DType::F32, &[4, 3]));
-    f.scatter(pool, slots, rows, &kv_write_spec()).expect("the KV write is valid");
+    f.scatter(pool, slots, rows, &kv_write_spec())
+        .expect("the KV write is valid");
     let wide = f.arg(ty(DType::F32, &[4, 4]));
-    refused(f.scatter(pool, slots, wide, &kv_write_spec()), "scatter", &["window dim 1", "size 4"]);
+    refused(
+        f.scatter(pool, slots, wide, &kv_write_spec()),
+        "scatter",
+        &["window dim 1", "size 4"],
+    );
     let too_many = f.arg(ty(DType::F32, &[5, 3]));
-    refused(f.scatter(pool, slots, too_many, &kv_write_spec()), "scatter", &["[5]", "[4]"]);
+    refused(
+        f.scatter(pool, slots, too_many, &kv_write_spec()),
+        "scatter",
+        &["[5]", "[4]"],
+    );
     let bf = f.arg(ty(DType::Bf16, &[4, 3]));
-    refused(f.scatter(pool, slots, bf, &kv_write_spec()), "scatter", &["element type"]);
+    refused(
+        f.scatter(pool, slots, bf, &kv_write_spec()),
+        "scatter",
+        &["element type"],
+    );
     let spec = ScatterSpec {
         inserted_window_dims: vec![],
         ..kv_write_spec()
@@ -250,7 +334,11 @@ fn scatter_checks_dimension_numbers() {
         scatter_dims_to_operand_dims: vec![0, 1],
         ..kv_write_spec()
     };
-    refused(f.scatter(pool, slots, rows, &spec), "scatter", &["scatter_dims_to_operand_dims"]);
+    refused(
+        f.scatter(pool, slots, rows, &spec),
+        "scatter",
+        &["scatter_dims_to_operand_dims"],
+    );
 }
 
 #[test]
@@ -260,12 +348,32 @@ fn dynamic_slices_check_start_indices_and_sizes() {
     let i = f.scalar(1i32);
     let j64 = f.scalar(1i64);
     let v = f.arg(ty(DType::I32, &[1]));
-    refused(f.dynamic_slice(x, &[i], [2, 2]), "dynamic_slice", &["1 start indices", "needs 2"]);
-    refused(f.dynamic_slice(x, &[i, v], [2, 2]), "dynamic_slice", &["start index 1", "tensor<1xi32>"]);
-    refused(f.dynamic_slice(x, &[i, j64], [2, 2]), "dynamic_slice", &["one type"]);
-    refused(f.dynamic_slice(x, &[i, i], [2, 6]), "dynamic_slice", &["slice_sizes [2, 6]"]);
+    refused(
+        f.dynamic_slice(x, &[i], [2, 2]),
+        "dynamic_slice",
+        &["1 start indices", "needs 2"],
+    );
+    refused(
+        f.dynamic_slice(x, &[i, v], [2, 2]),
+        "dynamic_slice",
+        &["start index 1", "tensor<1xi32>"],
+    );
+    refused(
+        f.dynamic_slice(x, &[i, j64], [2, 2]),
+        "dynamic_slice",
+        &["one type"],
+    );
+    refused(
+        f.dynamic_slice(x, &[i, i], [2, 6]),
+        "dynamic_slice",
+        &["slice_sizes [2, 6]"],
+    );
     let big = f.arg(ty(DType::F32, &[5, 5]));
-    refused(f.dynamic_update_slice(x, big, &[i, i]), "dynamic_update_slice", &["tensor<5x5xf32>"]);
+    refused(
+        f.dynamic_update_slice(x, big, &[i, i]),
+        "dynamic_update_slice",
+        &["tensor<5x5xf32>"],
+    );
 }
 
 #[test]
@@ -285,11 +393,17 @@ fn signatures_check_donation_names_and_results() {
     signature_refused(f.donate(y, 0), &["only arguments"]);
     f.donate(x, 0).unwrap();
     signature_refused(f.donate(x, 0), &["already donated"]);
-    signature_refused(f.arg_named("has space", ty(DType::F32, &[2])), &["\"has space\""]);
+    signature_refused(
+        f.arg_named("has space", ty(DType::F32, &[2])),
+        &["\"has space\""],
+    );
     f.arg_named("tokenIds", ty(DType::I32, &[2])).unwrap();
     signature_refused(f.arg_named("tokenIds", ty(DType::I32, &[2])), &["twice"]);
     let s = f.reduce_sum(y, [0]).unwrap();
-    signature_refused(FunctionBuilder::new("t").finish(&[]), &["at least one result"]);
+    signature_refused(
+        FunctionBuilder::new("t").finish(&[]),
+        &["at least one result"],
+    );
 
     let mut g = FunctionBuilder::new("t");
     let p = g.arg(ty(DType::F32, &[2]));

@@ -74,6 +74,10 @@ fn no_snapshot_without_a_case() {
 #[test]
 fn building_twice_prints_identical_bytes() {
     for (name, case) in ALL {
-        assert_eq!(case().module.to_text(), case().module.to_text(), "{name} is not deterministic");
+        assert_eq!(
+            case().module.to_text(),
+            case().module.to_text(),
+            "{name} is not deterministic"
+        );
     }
 }

@@ -30,20 +30,6 @@ impl Tensor {
         TensorType::new(self.data.dtype(), self.dims.clone())
     }
 
-    pub fn f32s(&self) -> &[f32] {
-        match &self.data {
-            ConstData::F32(v) => v,
-            other => panic!("expected f32 data, got {:?}", other.dtype()),
-        }
-    }
-
-    pub fn i32s(&self) -> &[i32] {
-        match &self.data {
-            ConstData::I32(v) => v,
-            other => panic!("expected i32 data, got {:?}", other.dtype()),
-        }
-    }
-
     /// Little-endian bytes as PJRT stores them (`i1` as one byte 0/1).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -65,15 +51,44 @@ impl Tensor {
     pub fn from_bytes(ty: &TensorType, bytes: &[u8]) -> Tensor {
         let n = ty.element_count().expect("small test tensor");
         let size = ty.dtype.byte_size();
-        assert_eq!(bytes.len(), n * size, "{ty} read back as {} bytes", bytes.len());
+        assert_eq!(
+            bytes.len(),
+            n * size,
+            "{ty} read back as {} bytes",
+            bytes.len()
+        );
         let chunks = bytes.chunks_exact(size);
         let data = match ty.dtype {
-            DType::F32 => ConstData::F32(chunks.map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::Bf16 => ConstData::Bf16(chunks.map(|c| bf16::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::F16 => ConstData::F16(chunks.map(|c| f16::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I32 => ConstData::I32(chunks.map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I64 => ConstData::I64(chunks.map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
-            DType::I8 => ConstData::I8(chunks.map(|c| i8::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::F32 => ConstData::F32(
+                chunks
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::Bf16 => ConstData::Bf16(
+                chunks
+                    .map(|c| bf16::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::F16 => ConstData::F16(
+                chunks
+                    .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::I32 => ConstData::I32(
+                chunks
+                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::I64 => ConstData::I64(
+                chunks
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
+            DType::I8 => ConstData::I8(
+                chunks
+                    .map(|c| i8::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
             DType::U8 => ConstData::U8(bytes.to_vec()),
             DType::Pred => ConstData::Pred(bytes.iter().map(|&b| b != 0).collect()),
         };
@@ -129,7 +144,9 @@ pub fn compare(got: &Tensor, want: &Tensor, tolerance: Tolerance) -> Option<Stri
                     gf.is_nan() && wf.is_nan()
                 } else {
                     match tolerance {
-                        Tolerance::Exact => g == w && gf.is_sign_negative() == wf.is_sign_negative(),
+                        Tolerance::Exact => {
+                            g == w && gf.is_sign_negative() == wf.is_sign_negative()
+                        }
                         Tolerance::Close { rel, abs } => {
                             gf == wf || (gf - wf).abs() <= abs + rel * wf.abs()
                         }
@@ -178,7 +195,9 @@ impl Lcg {
     /// Uniform integers in `[lo, hi]`.
     pub fn i32s(&mut self, n: usize, lo: i32, hi: i32) -> Vec<i32> {
         let span = (hi - lo + 1) as u32;
-        (0..n).map(|_| lo + (self.next_u32() % span) as i32).collect()
+        (0..n)
+            .map(|_| lo + (self.next_u32() % span) as i32)
+            .collect()
     }
 }
 

@@ -9,7 +9,7 @@ module @constants {
     %6 = "stablehlo.constant"() {value = dense<[0, 255]> : tensor<2xui8>} : () -> tensor<2xui8>
     %7 = "stablehlo.constant"() {value = dense<[[true, false], [false, true]]> : tensor<2x2xi1>} : () -> tensor<2x2xi1>
     %8 = "stablehlo.constant"() {value = dense<-7> : tensor<i32>} : () -> tensor<i32>
-    %9 = "stablehlo.constant"() {value = dense<[]> : tensor<0x3xf32>} : () -> tensor<0x3xf32>
+    %9 = "stablehlo.constant"() {value = dense<0x00000000> : tensor<0x3xf32>} : () -> tensor<0x3xf32>
     "func.return"(%0, %1, %2, %3, %4, %5, %6, %7, %8, %9) : (tensor<2x3xf32>, tensor<2x2xbf16>, tensor<4xf16>, tensor<3xi32>, tensor<2xi64>, tensor<3xi8>, tensor<2xui8>, tensor<2x2xi1>, tensor<i32>, tensor<0x3xf32>) -> ()
   }
 }
