@@ -12,7 +12,7 @@ use half::{bf16, f16};
 use sha2::{Digest, Sha256};
 
 use crate::config::{HfConfig, ModelConfig};
-use crate::error::{io_error, IngestError, Result};
+use crate::error::{IngestError, Result, io_error};
 use crate::gguf::GgufCheckpoint;
 use crate::safetensors::SafetensorsStore;
 use crate::tokenizer::TokenizerFiles;
@@ -68,16 +68,32 @@ pub enum Role {
 }
 
 const LAYER_ROLES: [(LayerRole, &str, &str); 16] = [
-    (LayerRole::AttnNorm, "input_layernorm.weight", "attn_norm.weight"),
+    (
+        LayerRole::AttnNorm,
+        "input_layernorm.weight",
+        "attn_norm.weight",
+    ),
     (LayerRole::Q, "self_attn.q_proj.weight", "attn_q.weight"),
     (LayerRole::K, "self_attn.k_proj.weight", "attn_k.weight"),
     (LayerRole::V, "self_attn.v_proj.weight", "attn_v.weight"),
-    (LayerRole::O, "self_attn.o_proj.weight", "attn_output.weight"),
+    (
+        LayerRole::O,
+        "self_attn.o_proj.weight",
+        "attn_output.weight",
+    ),
     (LayerRole::QBias, "self_attn.q_proj.bias", "attn_q.bias"),
     (LayerRole::KBias, "self_attn.k_proj.bias", "attn_k.bias"),
     (LayerRole::VBias, "self_attn.v_proj.bias", "attn_v.bias"),
-    (LayerRole::OBias, "self_attn.o_proj.bias", "attn_output.bias"),
-    (LayerRole::MlpNorm, "post_attention_layernorm.weight", "ffn_norm.weight"),
+    (
+        LayerRole::OBias,
+        "self_attn.o_proj.bias",
+        "attn_output.bias",
+    ),
+    (
+        LayerRole::MlpNorm,
+        "post_attention_layernorm.weight",
+        "ffn_norm.weight",
+    ),
     (LayerRole::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
     (LayerRole::Up, "mlp.up_proj.weight", "ffn_up.weight"),
     (LayerRole::Down, "mlp.down_proj.weight", "ffn_down.weight"),
@@ -141,7 +157,10 @@ impl Role {
             Role::Embedding | Role::LmHead => vec![c.vocab_size, c.hidden_size],
             Role::FinalNorm => vec![c.hidden_size],
             Role::Layer(_, r) => match r {
-                LayerRole::AttnNorm | LayerRole::MlpNorm | LayerRole::OBias | LayerRole::DownBias => {
+                LayerRole::AttnNorm
+                | LayerRole::MlpNorm
+                | LayerRole::OBias
+                | LayerRole::DownBias => {
                     vec![c.hidden_size]
                 }
                 LayerRole::Q => vec![c.q_dim(), c.hidden_size],
@@ -181,7 +200,11 @@ impl Role {
 }
 
 fn layer_names(role: LayerRole) -> (&'static str, &'static str) {
-    let (_, hf, gguf) = LAYER_ROLES.iter().find(|(r, _, _)| *r == role).copied().unwrap_or(LAYER_ROLES[0]);
+    let (_, hf, gguf) = LAYER_ROLES
+        .iter()
+        .find(|(r, _, _)| *r == role)
+        .copied()
+        .unwrap_or(LAYER_ROLES[0]);
     (hf, gguf)
 }
 
@@ -190,11 +213,15 @@ fn layer_role(
     suffix: &str,
     pick: impl Fn((LayerRole, &'static str, &'static str)) -> &'static str,
 ) -> Option<Role> {
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0')) {
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0'))
+    {
         return None;
     }
     let n: usize = n.parse().ok()?;
-    LAYER_ROLES.iter().find(|e| pick(**e) == suffix).map(|e| Role::Layer(n, e.0))
+    LAYER_ROLES
+        .iter()
+        .find(|e| pick(**e) == suffix)
+        .map(|e| Role::Layer(n, e.0))
 }
 
 impl fmt::Display for Role {
@@ -359,7 +386,10 @@ impl Checkpoint {
         if path.is_dir() {
             Self::open_hf_dir(path)
         } else if path.is_file() {
-            if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            if path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            {
                 Self::open_gguf(path)
             } else {
                 Err(IngestError::NotACheckpoint {
@@ -380,7 +410,10 @@ impl Checkpoint {
         let config_bytes = std::fs::read(&config_path).map_err(io_error(&config_path))?;
         let config_text = String::from_utf8_lossy(&config_bytes);
         let config = HfConfig::from_json(&config_text)
-            .map_err(|e| IngestError::Json { path: config_path.clone(), reason: e.to_string() })?
+            .map_err(|e| IngestError::Json {
+                path: config_path.clone(),
+                reason: e.to_string(),
+            })?
             .into_config()?;
         let (store, shard_names) = SafetensorsStore::open_dir(dir)?;
         let kind = if shard_names.len() == 1 && shard_names[0] == crate::safetensors::SINGLE_FILE {
@@ -402,7 +435,12 @@ impl Checkpoint {
                 Some(role) => {
                     stored.insert(
                         role,
-                        TensorMeta { name: e.name, dtype: e.dtype, dims: e.dims, byte_len: e.byte_len },
+                        TensorMeta {
+                            name: e.name,
+                            dtype: e.dtype,
+                            dims: e.dims,
+                            byte_len: e.byte_len,
+                        },
                     );
                 }
                 // Older checkpoints store the RoPE table; it is recomputed from the config.
@@ -418,7 +456,10 @@ impl Checkpoint {
         }
         file_names.extend(shard_names);
         file_names.extend(tokenizer.source_file_names.iter().cloned());
-        let files = file_names.iter().map(|n| hash_file(dir, n)).collect::<Result<Vec<_>>>()?;
+        let files = file_names
+            .iter()
+            .map(|n| hash_file(dir, n))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             config,
             tokenizer,
@@ -451,7 +492,10 @@ impl Checkpoint {
         }
         let tensors = verify_roles(&config, stored, unexpected, Role::gguf_name)?;
         let tokenizer = TokenizerFiles::from_gguf(gguf.header(), &config)?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let bytes = gguf.bytes();
         let file = SourceFile {
             name,
@@ -461,7 +505,10 @@ impl Checkpoint {
         Ok(Self {
             config,
             tokenizer,
-            source: SourceInfo { kind: SourceKind::Gguf, files: vec![file] },
+            source: SourceInfo {
+                kind: SourceKind::Gguf,
+                files: vec![file],
+            },
             store: Store::Gguf(gguf),
             tensors,
         })
@@ -480,7 +527,11 @@ impl Checkpoint {
     /// What is stored for `role` (the embedding's entry for a tied LM head).
     pub fn meta(&self, role: Role) -> Result<&TensorMeta> {
         let resolved = self.resolve(role);
-        self.tensors.get(&resolved).ok_or_else(|| IngestError::NoSuchRole { role: role.to_string() })
+        self.tensors
+            .get(&resolved)
+            .ok_or_else(|| IngestError::NoSuchRole {
+                role: role.to_string(),
+            })
     }
 
     fn resolve(&self, role: Role) -> Role {
@@ -521,7 +572,11 @@ fn verify_roles(
         // A tied checkpoint may still carry a copy of the LM head; the embedding is used.
         stored.remove(&Role::LmHead);
     }
-    let extra: Vec<Role> = stored.keys().filter(|r| !required.contains(r)).copied().collect();
+    let extra: Vec<Role> = stored
+        .keys()
+        .filter(|r| !required.contains(r))
+        .copied()
+        .collect();
     for role in extra {
         if let Some(meta) = stored.remove(&role) {
             unexpected.push(meta.name);
@@ -531,7 +586,11 @@ fn verify_roles(
         unexpected.sort();
         return Err(IngestError::UnexpectedTensors { names: unexpected });
     }
-    let missing: Vec<String> = required.iter().filter(|r| !stored.contains_key(r)).map(|r| name_of(*r)).collect();
+    let missing: Vec<String> = required
+        .iter()
+        .filter(|r| !stored.contains_key(r))
+        .map(|r| name_of(*r))
+        .collect();
     if !missing.is_empty() {
         return Err(IngestError::MissingTensors { names: missing });
     }
@@ -553,7 +612,11 @@ fn hash_file(dir: &Path, name: &str) -> Result<SourceFile> {
     let mut file = std::fs::File::open(&path).map_err(io_error(&path))?;
     let mut hasher = Sha256::new();
     let byte_len = std::io::copy(&mut file, &mut hasher).map_err(io_error(&path))?;
-    Ok(SourceFile { name: name.to_string(), byte_len, sha256: hex::encode(hasher.finalize()) })
+    Ok(SourceFile {
+        name: name.to_string(),
+        byte_len,
+        sha256: hex::encode(hasher.finalize()),
+    })
 }
 
 /// A human-readable account of a checkpoint: config, source files and every tensor with its
@@ -562,7 +625,11 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "source: {:?}", checkpoint.source.kind);
     for f in &checkpoint.source.files {
-        let _ = writeln!(out, "  {}  {} bytes  sha256 {}", f.name, f.byte_len, f.sha256);
+        let _ = writeln!(
+            out,
+            "  {}  {} bytes  sha256 {}",
+            f.name, f.byte_len, f.sha256
+        );
     }
     let _ = writeln!(out, "config:");
     for line in checkpoint.config.to_string().lines() {
@@ -586,6 +653,10 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
         let _ = writeln!(out, "  LmHead is tied to Embedding");
     }
     let _ = writeln!(out, "total stored tensor bytes: {total}");
-    let _ = write!(out, "tokenizer files: {}", checkpoint.tokenizer.file_names().join(", "));
+    let _ = write!(
+        out,
+        "tokenizer files: {}",
+        checkpoint.tokenizer.file_names().join(", ")
+    );
     out
 }

@@ -306,8 +306,13 @@ impl HfConfig {
             qkv_bias,
             o_bias,
             mlp_bias: self.mlp_bias.unwrap_or(false),
-            bos_token_id: self.bos_token_id.and_then(|ids| ids.into_vec().first().copied()),
-            eos_token_ids: self.eos_token_id.map(IdOrList::into_vec).unwrap_or_default(),
+            bos_token_id: self
+                .bos_token_id
+                .and_then(|ids| ids.into_vec().first().copied()),
+            eos_token_ids: self
+                .eos_token_id
+                .map(IdOrList::into_vec)
+                .unwrap_or_default(),
             max_position_embeddings,
             dtype,
         }
@@ -354,16 +359,25 @@ fn parse_rope(
     let number = |key: &str| -> Result<Option<f64>> {
         match map.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                unsupported(format!("{field}.{key}"), v.to_string(), "a number")
-            }),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| unsupported(format!("{field}.{key}"), v.to_string(), "a number")),
         }
     };
-    let theta = number("rope_theta")?.or(theta).unwrap_or(DEFAULT_ROPE_THETA);
+    let theta = number("rope_theta")?
+        .or(theta)
+        .unwrap_or(DEFAULT_ROPE_THETA);
     let kind = match map.get("rope_type").or_else(|| map.get("type")) {
         None | Some(Value::Null) => "default".to_string(),
         Some(Value::String(s)) => s.clone(),
-        Some(other) => return Err(unsupported(format!("{field}.rope_type"), other.to_string(), "a string")),
+        Some(other) => {
+            return Err(unsupported(
+                format!("{field}.rope_type"),
+                other.to_string(),
+                "a string",
+            ));
+        }
     };
     let allowed: &[&str] = match kind.as_str() {
         "default" => &[],
@@ -383,7 +397,9 @@ fn parse_rope(
         }
     };
     for key in map.keys() {
-        if !matches!(key.as_str(), "rope_type" | "type" | "rope_theta") && !allowed.contains(&key.as_str()) {
+        if !matches!(key.as_str(), "rope_type" | "type" | "rope_theta")
+            && !allowed.contains(&key.as_str())
+        {
             return Err(unsupported(
                 format!("{field}.{key}"),
                 map[key].to_string(),
@@ -395,7 +411,9 @@ fn parse_rope(
         number(key)?.ok_or_else(|| unsupported(format!("{field}.{key}"), "missing", "a number"))
     };
     let scaling = match kind.as_str() {
-        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: need("factor")?,
+        },
         "llama3" => {
             let original = need("original_max_position_embeddings")?;
             if !(original >= 1.0 && original.fract() == 0.0 && original <= u32::MAX as f64) {
@@ -439,37 +457,82 @@ impl ModelConfig {
             return Err(unsupported(
                 "num_key_value_heads",
                 self.num_key_value_heads.to_string(),
-                format!("a divisor of num_attention_heads ({})", self.num_attention_heads),
+                format!(
+                    "a divisor of num_attention_heads ({})",
+                    self.num_attention_heads
+                ),
             ));
         }
         if self.head_dim % 2 != 0 {
-            return Err(unsupported("head_dim", self.head_dim.to_string(), "an even number (RoPE rotates pairs)"));
+            return Err(unsupported(
+                "head_dim",
+                self.head_dim.to_string(),
+                "an even number (RoPE rotates pairs)",
+            ));
         }
         // Products of these sizes index memory; refuse configs whose tensors could not exist.
         for (field, rows, cols) in [
-            ("vocab_size * hidden_size", self.vocab_size, self.hidden_size),
-            ("intermediate_size * hidden_size", self.intermediate_size, self.hidden_size),
-            ("num_attention_heads * head_dim", self.num_attention_heads, self.head_dim),
+            (
+                "vocab_size * hidden_size",
+                self.vocab_size,
+                self.hidden_size,
+            ),
+            (
+                "intermediate_size * hidden_size",
+                self.intermediate_size,
+                self.hidden_size,
+            ),
+            (
+                "num_attention_heads * head_dim",
+                self.num_attention_heads,
+                self.head_dim,
+            ),
         ] {
-            if rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_none_or(|n| n > isize::MAX as usize) {
-                return Err(unsupported(field, format!("{rows} * {cols}"), "a size that fits in memory"));
+            if rows
+                .checked_mul(cols)
+                .and_then(|n| n.checked_mul(4))
+                .is_none_or(|n| n > isize::MAX as usize)
+            {
+                return Err(unsupported(
+                    field,
+                    format!("{rows} * {cols}"),
+                    "a size that fits in memory",
+                ));
             }
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(unsupported("rms_norm_eps", self.rms_norm_eps.to_string(), "a positive finite number"));
+            return Err(unsupported(
+                "rms_norm_eps",
+                self.rms_norm_eps.to_string(),
+                "a positive finite number",
+            ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(unsupported("rope_theta", self.rope_theta.to_string(), "a positive finite number"));
+            return Err(unsupported(
+                "rope_theta",
+                self.rope_theta.to_string(),
+                "a positive finite number",
+            ));
         }
         let factor = match self.rope_scaling {
             RopeScaling::None => 1.0,
             RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. } => factor,
         };
         if !(factor.is_finite() && factor > 0.0) {
-            return Err(unsupported("rope scaling factor", factor.to_string(), "a positive finite number"));
+            return Err(unsupported(
+                "rope scaling factor",
+                factor.to_string(),
+                "a positive finite number",
+            ));
         }
-        if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = self.rope_scaling
-            && !(low_freq_factor.is_finite() && high_freq_factor.is_finite() && high_freq_factor > low_freq_factor)
+        if let RopeScaling::Llama3 {
+            low_freq_factor,
+            high_freq_factor,
+            ..
+        } = self.rope_scaling
+            && !(low_freq_factor.is_finite()
+                && high_freq_factor.is_finite()
+                && high_freq_factor > low_freq_factor)
         {
             return Err(unsupported(
                 "rope scaling high_freq_factor",
@@ -523,7 +586,11 @@ impl fmt::Display for ModelConfig {
         )?;
         writeln!(f, "bos_token_id            {:?}", self.bos_token_id)?;
         writeln!(f, "eos_token_ids           {:?}", self.eos_token_ids)?;
-        writeln!(f, "max_position_embeddings {}", self.max_position_embeddings)?;
+        writeln!(
+            f,
+            "max_position_embeddings {}",
+            self.max_position_embeddings
+        )?;
         write!(f, "dtype                   {:?}", self.dtype)
     }
 }

@@ -14,8 +14,8 @@ pub mod safetensors;
 pub mod tokenizer;
 
 pub use checkpoint::{
-    describe, Checkpoint, LayerRole, Role, SourceFile, SourceInfo, SourceKind, Tensor, TensorData,
-    TensorMeta,
+    Checkpoint, LayerRole, Role, SourceFile, SourceInfo, SourceKind, Tensor, TensorData,
+    TensorMeta, describe,
 };
 pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
 pub use error::{IngestError, Result};

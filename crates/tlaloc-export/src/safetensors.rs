@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
+use safetensors::tensor::{Dtype, Metadata};
 use serde::Deserialize;
 
 use crate::checkpoint::{Tensor, TensorData};
-use crate::error::{io_error, IngestError, Result};
+use crate::error::{IngestError, Result, io_error};
 use crate::mapped::map_file;
 
 /// The dtypes read from safetensors.
@@ -124,8 +124,10 @@ impl SafetensorsStore {
                 }
             }
             if by_name.len() != index.weight_map.len() {
-                let extra: Vec<&String> =
-                    by_name.keys().filter(|n| !index.weight_map.contains_key(*n)).collect();
+                let extra: Vec<&String> = by_name
+                    .keys()
+                    .filter(|n| !index.weight_map.contains_key(*n))
+                    .collect();
                 return Err(IngestError::Safetensors {
                     path: index_path,
                     reason: format!("shards hold tensors the index does not list: {extra:?}"),
@@ -139,26 +141,39 @@ impl SafetensorsStore {
     pub fn entries(&self) -> Vec<SafetensorsEntry> {
         self.by_name
             .iter()
-            .filter_map(|(name, &i)| self.files[i].metadata.info(name).map(|info| entry(name, info)))
+            .filter_map(|(name, &i)| {
+                self.files[i]
+                    .metadata
+                    .info(name)
+                    .map(|info| entry(name, info))
+            })
             .collect()
     }
 
     /// Reads one tensor by its name in the file.
     pub fn read(&self, name: &str) -> Result<Tensor> {
-        let &i = self.by_name.get(name).ok_or_else(|| IngestError::MissingTensors {
-            names: vec![name.to_string()],
-        })?;
+        let &i = self
+            .by_name
+            .get(name)
+            .ok_or_else(|| IngestError::MissingTensors {
+                names: vec![name.to_string()],
+            })?;
         let file = &self.files[i];
-        let info = file.metadata.info(name).ok_or_else(|| IngestError::MissingTensors {
-            names: vec![name.to_string()],
-        })?;
+        let info = file
+            .metadata
+            .info(name)
+            .ok_or_else(|| IngestError::MissingTensors {
+                names: vec![name.to_string()],
+            })?;
         // Offsets were validated against the buffer length by `read_metadata`.
         let data = &file.mmap[8 + file.header_len..];
         let (start, end) = info.data_offsets;
-        let bytes = data.get(start..end).ok_or_else(|| IngestError::Safetensors {
-            path: file.path.clone(),
-            reason: format!("tensor `{name}` lies past the end of the file"),
-        })?;
+        let bytes = data
+            .get(start..end)
+            .ok_or_else(|| IngestError::Safetensors {
+                path: file.path.clone(),
+                reason: format!("tensor `{name}` lies past the end of the file"),
+            })?;
         decode(name, info.dtype, &info.shape, bytes)
     }
 }
@@ -176,11 +191,17 @@ impl MappedFile {
     fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(io_error(path))?;
         let mmap = map_file(&file).map_err(io_error(path))?;
-        let (header_len, metadata) = parse_header(&mmap).map_err(|reason| IngestError::Safetensors {
+        let (header_len, metadata) =
+            parse_header(&mmap).map_err(|reason| IngestError::Safetensors {
+                path: path.to_path_buf(),
+                reason,
+            })?;
+        Ok(Self {
             path: path.to_path_buf(),
-            reason,
-        })?;
-        Ok(Self { path: path.to_path_buf(), mmap, header_len, metadata })
+            mmap,
+            header_len,
+            metadata,
+        })
     }
 }
 
@@ -193,21 +214,26 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<(usize, Metadata), Stri
 /// Decodes every tensor of an in-memory safetensors file, sorted by name. This is the whole read
 /// path of a file without the filesystem, so that it can be exercised on arbitrary bytes.
 pub fn decode_all(bytes: &[u8]) -> Result<Vec<(String, Tensor)>> {
-    let (header_len, metadata) = parse_header(bytes).map_err(|reason| IngestError::Safetensors {
-        path: PathBuf::from("<memory>"),
-        reason,
-    })?;
+    let (header_len, metadata) =
+        parse_header(bytes).map_err(|reason| IngestError::Safetensors {
+            path: PathBuf::from("<memory>"),
+            reason,
+        })?;
     let data = &bytes[8 + header_len..];
     let mut names: Vec<String> = metadata.tensors().keys().cloned().collect();
     names.sort();
     let mut out = Vec::with_capacity(names.len());
     for name in names {
-        let Some(info) = metadata.info(&name) else { continue };
+        let Some(info) = metadata.info(&name) else {
+            continue;
+        };
         let (start, end) = info.data_offsets;
-        let slice = data.get(start..end).ok_or_else(|| IngestError::Safetensors {
-            path: PathBuf::from("<memory>"),
-            reason: format!("tensor `{name}` lies past the end of the buffer"),
-        })?;
+        let slice = data
+            .get(start..end)
+            .ok_or_else(|| IngestError::Safetensors {
+                path: PathBuf::from("<memory>"),
+                reason: format!("tensor `{name}` lies past the end of the buffer"),
+            })?;
         let tensor = decode(&name, info.dtype, &info.shape, slice)?;
         out.push((name, tensor));
     }
@@ -217,13 +243,22 @@ pub fn decode_all(bytes: &[u8]) -> Result<Vec<(String, Tensor)>> {
 fn decode(name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Result<Tensor> {
     let data = match dtype {
         Dtype::F32 => TensorData::F32(
-            bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         ),
         Dtype::BF16 => TensorData::BF16(
-            bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect(),
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
         ),
         Dtype::F16 => TensorData::F16(
-            bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect(),
+            bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
         ),
         other => {
             return Err(IngestError::UnsupportedDtype {

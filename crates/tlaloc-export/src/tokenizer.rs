@@ -6,17 +6,18 @@
 
 use std::path::Path;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::config::ModelConfig;
-use crate::error::{io_error, IngestError, Result};
+use crate::error::{IngestError, Result, io_error};
 use crate::gguf::{GgufHeader, MetaValue};
 
 /// The bytes of the tokenizer files an artifact carries.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TokenizerFiles {
-    /// `tokenizer.json` (the `tokenizers` library's format).
-    pub tokenizer_json: Vec<u8>,
+    /// `tokenizer.json` (the `tokenizers` library's format); absent only for a directory that
+    /// ships none (token-id-only test fixtures).
+    pub tokenizer_json: Option<Vec<u8>>,
     /// `tokenizer_config.json` (special tokens, `chat_template`).
     pub tokenizer_config_json: Vec<u8>,
     /// `generation_config.json` (bos/eos/pad ids).
@@ -28,9 +29,18 @@ pub struct TokenizerFiles {
 impl std::fmt::Debug for TokenizerFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenizerFiles")
-            .field("tokenizer_json", &format_args!("{} bytes", self.tokenizer_json.len()))
-            .field("tokenizer_config_json", &format_args!("{} bytes", self.tokenizer_config_json.len()))
-            .field("generation_config_json", &format_args!("{} bytes", self.generation_config_json.len()))
+            .field(
+                "tokenizer_json",
+                &self.tokenizer_json.as_ref().map(Vec::len),
+            )
+            .field(
+                "tokenizer_config_json",
+                &format_args!("{} bytes", self.tokenizer_config_json.len()),
+            )
+            .field(
+                "generation_config_json",
+                &format_args!("{} bytes", self.generation_config_json.len()),
+            )
             .field("source_file_names", &self.source_file_names)
             .finish()
     }
@@ -42,18 +52,37 @@ const GENERATION_CONFIG_JSON: &str = "generation_config.json";
 const CHAT_TEMPLATE_JINJA: &str = "chat_template.jinja";
 
 fn tokenizer_error(reason: impl Into<String>) -> IngestError {
-    IngestError::Tokenizer { reason: reason.into() }
+    IngestError::Tokenizer {
+        reason: reason.into(),
+    }
 }
 
 impl TokenizerFiles {
-    /// The file names an artifact writes these under, in order.
-    pub fn file_names(&self) -> [&'static str; 3] {
-        [TOKENIZER_JSON, TOKENIZER_CONFIG_JSON, GENERATION_CONFIG_JSON]
+    /// The files present, as `(name an artifact writes it under, bytes)`, in a fixed order.
+    pub fn files(&self) -> Vec<(&'static str, &[u8])> {
+        let mut files = Vec::with_capacity(3);
+        if let Some(json) = &self.tokenizer_json {
+            files.push((TOKENIZER_JSON, json.as_slice()));
+        }
+        files.push((TOKENIZER_CONFIG_JSON, self.tokenizer_config_json.as_slice()));
+        files.push((
+            GENERATION_CONFIG_JSON,
+            self.generation_config_json.as_slice(),
+        ));
+        files
+    }
+
+    /// The names of [`Self::files`].
+    pub fn file_names(&self) -> Vec<&'static str> {
+        self.files().into_iter().map(|(name, _)| name).collect()
     }
 
     /// The tokenizer these files describe.
     pub fn tokenizer(&self) -> Result<tokenizers::Tokenizer> {
-        tokenizers::Tokenizer::from_bytes(&self.tokenizer_json)
+        let json = self.tokenizer_json.as_ref().ok_or_else(|| {
+            tokenizer_error("this checkpoint has no tokenizer.json; put one beside config.json")
+        })?;
+        tokenizers::Tokenizer::from_bytes(json)
             .map_err(|e| tokenizer_error(format!("tokenizer.json does not load: {e}")))
     }
 
@@ -63,19 +92,15 @@ impl TokenizerFiles {
         config.get("chat_template")?.as_str().map(str::to_string)
     }
 
-    /// Reads the files beside a Hugging Face checkpoint. `tokenizer.json` is required; a missing
-    /// `tokenizer_config.json` or `generation_config.json` is written from the model config.
+    /// Reads the files beside a Hugging Face checkpoint. A `tokenizer.json` that is present must
+    /// load; a missing `tokenizer_config.json` or `generation_config.json` is written from the
+    /// model config.
     pub fn from_hf_dir(dir: &Path, config: &ModelConfig) -> Result<Self> {
         let mut source_file_names = Vec::new();
-        let tokenizer_path = dir.join(TOKENIZER_JSON);
-        if !tokenizer_path.is_file() {
-            return Err(tokenizer_error(format!(
-                "{} is missing; a Hugging Face checkpoint directory needs a fast-tokenizer {TOKENIZER_JSON}",
-                tokenizer_path.display()
-            )));
+        let tokenizer_json = read_optional(dir, TOKENIZER_JSON)?;
+        if tokenizer_json.is_some() {
+            source_file_names.push(TOKENIZER_JSON.to_string());
         }
-        let tokenizer_json = std::fs::read(&tokenizer_path).map_err(io_error(&tokenizer_path))?;
-        source_file_names.push(TOKENIZER_JSON.to_string());
         let mut tokenizer_config = match read_optional(dir, TOKENIZER_CONFIG_JSON)? {
             Some(bytes) => {
                 source_file_names.push(TOKENIZER_CONFIG_JSON.to_string());
@@ -112,7 +137,9 @@ impl TokenizerFiles {
             generation_config_json,
             source_file_names,
         };
-        files.tokenizer()?;
+        if files.tokenizer_json.is_some() {
+            files.tokenizer()?;
+        }
         Ok(files)
     }
 
@@ -183,7 +210,10 @@ impl TokenizerFiles {
         }
         let flag = |key: &str| h.get(key).and_then(MetaValue::as_bool);
         let add_prefix_space = flag("tokenizer.ggml.add_space_prefix").unwrap_or(false);
-        let pre = h.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("default");
+        let pre = h
+            .get("tokenizer.ggml.pre")
+            .and_then(MetaValue::as_str)
+            .unwrap_or("default");
         let pre_tokenizer = pre_tokenizer(pre, add_prefix_space)?;
         let special_name = |key: &str| -> Result<Option<&str>> {
             match h.get(key) {
@@ -205,7 +235,10 @@ impl TokenizerFiles {
         let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
         let post_processor = post_processor(
             add_bos.then_some(bos).flatten().zip(config.bos_token_id),
-            add_eos.then_some(eos).flatten().zip(config.eos_token_ids.first().copied()),
+            add_eos
+                .then_some(eos)
+                .flatten()
+                .zip(config.eos_token_ids.first().copied()),
         );
         let tokenizer = json!({
             "version": "1.0",
@@ -226,17 +259,27 @@ impl TokenizerFiles {
         let mut tokenizer_config = Map::new();
         tokenizer_config.insert("add_bos_token".into(), json!(add_bos));
         tokenizer_config.insert("add_eos_token".into(), json!(add_eos));
-        for (key, value) in [("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)] {
+        for (key, value) in [
+            ("bos_token", bos),
+            ("eos_token", eos),
+            ("unk_token", unk),
+            ("pad_token", pad),
+        ] {
             tokenizer_config.insert(key.into(), json!(value));
         }
         if let Some(template) = h.get("tokenizer.chat_template").and_then(MetaValue::as_str) {
             tokenizer_config.insert("chat_template".into(), json!(template));
         }
         tokenizer_config.insert("clean_up_tokenization_spaces".into(), json!(false));
-        tokenizer_config.insert("model_max_length".into(), json!(config.max_position_embeddings));
-        let pad_id = h.get("tokenizer.ggml.padding_token_id").and_then(MetaValue::as_u64);
+        tokenizer_config.insert(
+            "model_max_length".into(),
+            json!(config.max_position_embeddings),
+        );
+        let pad_id = h
+            .get("tokenizer.ggml.padding_token_id")
+            .and_then(MetaValue::as_u64);
         let files = Self {
-            tokenizer_json: to_json_bytes(&tokenizer),
+            tokenizer_json: Some(to_json_bytes(&tokenizer)),
             tokenizer_config_json: to_json_bytes(&Value::Object(tokenizer_config)),
             generation_config_json: generation_config(config, pad_id),
             source_file_names: Vec::new(),
@@ -287,13 +330,17 @@ fn string_array<'a>(h: &'a GgufHeader, key: &str) -> Result<Vec<&'a str>> {
         .ok_or_else(|| tokenizer_error(format!("{key} is missing; a string array is required")))?;
     items
         .iter()
-        .map(|v| v.as_str().ok_or_else(|| tokenizer_error(format!("{key} holds {v:?}; strings are accepted"))))
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| tokenizer_error(format!("{key} holds {v:?}; strings are accepted")))
+        })
         .collect()
 }
 
 /// GPT-2's printable spelling of the 256 byte values (`bytes_to_unicode`).
 fn byte_alphabet() -> Vec<char> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut next = 256u32;
     (0u32..256)
         .map(|b| {
@@ -347,14 +394,20 @@ fn post_processor(bos: Option<(&str, u32)>, eos: Option<(&str, u32)>) -> Value {
     if let Some((name, id)) = bos {
         single.push(special(name));
         pair.push(special(name));
-        specials.insert(name.into(), json!({"id": name, "ids": [id], "tokens": [name]}));
+        specials.insert(
+            name.into(),
+            json!({"id": name, "ids": [id], "tokens": [name]}),
+        );
     }
     single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
     pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
     if let Some((name, id)) = eos {
         single.push(special(name));
         pair.push(special(name));
-        specials.insert(name.into(), json!({"id": name, "ids": [id], "tokens": [name]}));
+        specials.insert(
+            name.into(),
+            json!({"id": name, "ids": [id], "tokens": [name]}),
+        );
     }
     pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
     json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})

@@ -135,13 +135,21 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> TensorData {
     let (block, block_bytes) = ty.block();
     let blocks = bytes.chunks_exact(block_bytes);
     match ty {
-        GgmlType::F32 => {
-            TensorData::F32(blocks.map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-        }
-        GgmlType::F16 => TensorData::F16(blocks.map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()),
-        GgmlType::BF16 => {
-            TensorData::BF16(blocks.map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect())
-        }
+        GgmlType::F32 => TensorData::F32(
+            blocks
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        GgmlType::F16 => TensorData::F16(
+            blocks
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+        ),
+        GgmlType::BF16 => TensorData::BF16(
+            blocks
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+        ),
         _ => {
             let mut out = Vec::with_capacity(bytes.len() / block_bytes * block);
             for b in blocks {

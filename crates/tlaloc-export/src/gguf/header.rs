@@ -154,7 +154,9 @@ impl GgufHeader {
         let mut r = Reader { bytes, pos: 0 };
         let magic = r.take(4)?;
         if magic != b"GGUF" {
-            return Err(format!("bad magic {magic:02x?}; a GGUF file starts with \"GGUF\""));
+            return Err(format!(
+                "bad magic {magic:02x?}; a GGUF file starts with \"GGUF\""
+            ));
         }
         let version = r.u32()?;
         if !(version == 2 || version == 3) {
@@ -170,7 +172,9 @@ impl GgufHeader {
             let key = r.string()?;
             let value = r.value(0)?;
             if metadata.insert(key.clone(), value).is_some() {
-                return Err(format!("metadata key {key:?} appears twice (second at byte {at})"));
+                return Err(format!(
+                    "metadata key {key:?} appears twice (second at byte {at})"
+                ));
             }
         }
         let alignment = match metadata.get("general.alignment") {
@@ -189,7 +193,9 @@ impl GgufHeader {
             let at = r.pos;
             let name = r.string()?;
             if !names.insert(name.clone()) {
-                return Err(format!("tensor {name:?} appears twice (second at byte {at})"));
+                return Err(format!(
+                    "tensor {name:?} appears twice (second at byte {at})"
+                ));
             }
             let n_dims = r.u32()?;
             if n_dims == 0 || n_dims > MAX_DIMS {
@@ -203,11 +209,14 @@ impl GgufHeader {
                 let d = usize::try_from(d)
                     .ok()
                     .filter(|&d| d > 0 && d <= i64::MAX as usize)
-                    .ok_or_else(|| format!("tensor {name:?} has dimension {d}; positive sizes are accepted"))?;
+                    .ok_or_else(|| {
+                        format!("tensor {name:?} has dimension {d}; positive sizes are accepted")
+                    })?;
                 ne.push(d);
             }
             let type_id = r.u32()?;
-            let ggml_type = GgmlType::from_id(type_id).map_err(|e| format!("tensor {name:?}: {e}"))?;
+            let ggml_type =
+                GgmlType::from_id(type_id).map_err(|e| format!("tensor {name:?}: {e}"))?;
             let offset = r.u64()?;
             if offset % alignment != 0 {
                 return Err(format!(
@@ -230,14 +239,22 @@ impl GgufHeader {
                 .checked_mul(block_bytes)
                 .ok_or_else(|| format!("tensor {name:?} byte size overflows"))?;
             raw_offsets.push(offset);
-            tensors.push(GgufTensorInfo { name, ne, ggml_type, offset: 0, byte_len });
+            tensors.push(GgufTensorInfo {
+                name,
+                ne,
+                ggml_type,
+                offset: 0,
+                byte_len,
+            });
         }
         let data_offset = (r.pos as u64)
             .checked_next_multiple_of(alignment)
             .ok_or("data offset overflows")?;
         let file_len = bytes.len() as u64;
         if data_offset > file_len {
-            return Err(format!("tensor data would start at byte {data_offset}, past the end ({file_len})"));
+            return Err(format!(
+                "tensor data would start at byte {data_offset}, past the end ({file_len})"
+            ));
         }
         for (t, raw) in tensors.iter_mut().zip(raw_offsets) {
             let start = data_offset.checked_add(raw);
@@ -341,12 +358,18 @@ impl<'a> Reader<'a> {
             7 => match self.take(1)?[0] {
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
-                b => return Err(format!("bool at byte {at} has value {b}; 0 or 1 is accepted")),
+                b => {
+                    return Err(format!(
+                        "bool at byte {at} has value {b}; 0 or 1 is accepted"
+                    ));
+                }
             },
             8 => MetaValue::String(self.string()?),
             9 => {
                 if depth > 0 {
-                    return Err(format!("nested array at byte {at}; arrays of scalars or strings are accepted"));
+                    return Err(format!(
+                        "nested array at byte {at}; arrays of scalars or strings are accepted"
+                    ));
                 }
                 let elem_at = self.pos;
                 let elem_ty = self.u32()?;
@@ -355,8 +378,14 @@ impl<'a> Reader<'a> {
                     2 | 3 => 2,
                     4..=6 => 4,
                     8 | 10..=12 => 8,
-                    9 => return Err(format!("nested array at byte {elem_at}; arrays of scalars or strings are accepted")),
-                    other => return Err(format!("unknown metadata type {other} at byte {elem_at}")),
+                    9 => {
+                        return Err(format!(
+                            "nested array at byte {elem_at}; arrays of scalars or strings are accepted"
+                        ));
+                    }
+                    other => {
+                        return Err(format!("unknown metadata type {other} at byte {elem_at}"));
+                    }
                 };
                 let n = self.count(MAX_ARRAY_LEN, min_bytes, "array length")?;
                 let mut items = Vec::with_capacity(n);
@@ -368,7 +397,11 @@ impl<'a> Reader<'a> {
             10 => MetaValue::U64(self.u64()?),
             11 => MetaValue::I64(i64::from_le_bytes(self.array()?)),
             12 => MetaValue::F64(f64::from_le_bytes(self.array()?)),
-            other => return Err(format!("unknown metadata type {other} at byte {at}; types 0 to 12 are accepted")),
+            other => {
+                return Err(format!(
+                    "unknown metadata type {other} at byte {at}; types 0 to 12 are accepted"
+                ));
+            }
         })
     }
 }

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use dequant::{dequantize, GgmlType, ACCEPTED_TYPES};
+pub use dequant::{ACCEPTED_TYPES, GgmlType, dequantize};
 pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
 
 use crate::checkpoint::{LayerRole, Role, Tensor, TensorData};
-use crate::config::{unsupported, Architecture, ModelConfig, RopeScaling};
-use crate::error::{io_error, IngestError, Result};
+use crate::config::{Architecture, ModelConfig, RopeScaling, unsupported};
+use crate::error::{IngestError, Result, io_error};
 use crate::mapped::map_file;
 
 /// An opened GGUF file with its derived config.
@@ -34,10 +34,18 @@ impl GgufCheckpoint {
     pub fn open(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(io_error(path))?;
         let mmap = map_file(&file).map_err(io_error(path))?;
-        let header = GgufHeader::parse(&mmap)
-            .map_err(|reason| IngestError::Gguf { path: path.to_path_buf(), reason })?;
+        let header = GgufHeader::parse(&mmap).map_err(|reason| IngestError::Gguf {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         let (arch, config) = config_from_header(&header)?;
-        Ok(Self { path: path.to_path_buf(), mmap, header, arch, config })
+        Ok(Self {
+            path: path.to_path_buf(),
+            mmap,
+            header,
+            arch,
+            config,
+        })
     }
 
     /// The parsed header.
@@ -62,17 +70,26 @@ impl GgufCheckpoint {
             .tensors
             .iter()
             .find(|t| t.name == name)
-            .ok_or_else(|| IngestError::MissingTensors { names: vec![name.to_string()] })?;
-        let bytes = self.mmap.get(info.offset..info.offset + info.byte_len).ok_or_else(|| IngestError::Gguf {
-            path: self.path.clone(),
-            reason: format!("tensor {name:?} lies past the end of the file"),
-        })?;
+            .ok_or_else(|| IngestError::MissingTensors {
+                names: vec![name.to_string()],
+            })?;
+        let bytes = self
+            .mmap
+            .get(info.offset..info.offset + info.byte_len)
+            .ok_or_else(|| IngestError::Gguf {
+                path: self.path.clone(),
+                reason: format!("tensor {name:?} lies past the end of the file"),
+            })?;
         let mut tensor = Tensor::new(name, info.hf_dims(), dequantize(info.ggml_type, bytes))?;
         // llama.cpp's converter permutes Q and K rows of Llama-architecture files only.
         if self.arch == "llama" {
             let heads = match role {
-                Role::Layer(_, LayerRole::Q | LayerRole::QBias) => Some(self.config.num_attention_heads),
-                Role::Layer(_, LayerRole::K | LayerRole::KBias) => Some(self.config.num_key_value_heads),
+                Role::Layer(_, LayerRole::Q | LayerRole::QBias) => {
+                    Some(self.config.num_attention_heads)
+                }
+                Role::Layer(_, LayerRole::K | LayerRole::KBias) => {
+                    Some(self.config.num_key_value_heads)
+                }
                 _ => None,
             };
             if let Some(heads) = heads {
@@ -114,19 +131,28 @@ pub fn reverse_permute(tensor: Tensor, n_head: usize, name: &str) -> Result<Tens
         TensorData::BF16(v) => TensorData::BF16(permute(v, rows, cols, source_row)),
         TensorData::F16(v) => TensorData::F16(permute(v, rows, cols, source_row)),
     };
-    Ok(Tensor { dims: tensor.dims, data })
+    Ok(Tensor {
+        dims: tensor.dims,
+        data,
+    })
 }
 
 fn meta_u64(h: &GgufHeader, key: &str) -> Result<Option<u64>> {
     match h.get(key) {
         None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| unsupported(key, format!("{v:?}"), "a non-negative integer")),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| unsupported(key, format!("{v:?}"), "a non-negative integer")),
     }
 }
 
 fn meta_usize(h: &GgufHeader, key: &str) -> Result<Option<usize>> {
     meta_u64(h, key)?
-        .map(|v| usize::try_from(v).map_err(|_| unsupported(key, v.to_string(), "a size that fits in memory")))
+        .map(|v| {
+            usize::try_from(v)
+                .map_err(|_| unsupported(key, v.to_string(), "a size that fits in memory"))
+        })
         .transpose()
 }
 
@@ -137,7 +163,10 @@ fn need_usize(h: &GgufHeader, key: &str) -> Result<usize> {
 fn meta_f64(h: &GgufHeader, key: &str) -> Result<Option<f64>> {
     match h.get(key) {
         None => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| unsupported(key, format!("{v:?}"), "a float")),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| unsupported(key, format!("{v:?}"), "a float")),
     }
 }
 
@@ -194,19 +223,32 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
                 .ok_or_else(|| unsupported(key("rope.scaling.factor"), "missing", "a float"))?,
         },
         Some(other) => {
-            return Err(unsupported(key("rope.scaling.type"), format!("{other:?}"), "\"none\" or \"linear\""));
+            return Err(unsupported(
+                key("rope.scaling.type"),
+                format!("{other:?}"),
+                "\"none\" or \"linear\"",
+            ));
         }
     };
     let has = |name: &str| h.tensors.iter().any(|t| t.name == name);
-    let any_layer_has = |suffix: &str| h.tensors.iter().any(|t| t.name.starts_with("blk.") && t.name.ends_with(suffix));
+    let any_layer_has = |suffix: &str| {
+        h.tensors
+            .iter()
+            .any(|t| t.name.starts_with("blk.") && t.name.ends_with(suffix))
+    };
     if let Some(t) = h.tensors.iter().find(|t| t.name == "rope_freqs.weight") {
         return Err(IngestError::UnexpectedTensors {
-            names: vec![format!("{} (per-frequency RoPE factors, e.g. llama3 scaling, are not built from GGUF)", t.name)],
+            names: vec![format!(
+                "{} (per-frequency RoPE factors, e.g. llama3 scaling, are not built from GGUF)",
+                t.name
+            )],
         });
     }
     let qkv_bias = any_layer_has(".attn_q.bias");
     if architecture == Architecture::Qwen2 && !qkv_bias {
-        return Err(IngestError::MissingTensors { names: vec!["blk.0.attn_q.bias".into()] });
+        return Err(IngestError::MissingTensors {
+            names: vec!["blk.0.attn_q.bias".into()],
+        });
     }
     let config = ModelConfig {
         architecture,
@@ -217,8 +259,13 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         num_key_value_heads,
         head_dim,
         vocab_size,
-        rms_norm_eps: meta_f64(h, &key("attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| unsupported(key("attention.layer_norm_rms_epsilon"), "missing", "a float"))?,
+        rms_norm_eps: meta_f64(h, &key("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| {
+            unsupported(
+                key("attention.layer_norm_rms_epsilon"),
+                "missing",
+                "a float",
+            )
+        })?,
         rope_theta: meta_f64(h, &key("rope.freq_base"))?.unwrap_or(10_000.0),
         rope_scaling,
         tie_word_embeddings: !has("output.weight"),
@@ -226,7 +273,9 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         o_bias: any_layer_has(".attn_output.bias"),
         mlp_bias: any_layer_has(".ffn_gate.bias"),
         bos_token_id: token_id(h, "tokenizer.ggml.bos_token_id")?,
-        eos_token_ids: token_id(h, "tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+        eos_token_ids: token_id(h, "tokenizer.ggml.eos_token_id")?
+            .into_iter()
+            .collect(),
         max_position_embeddings: need_usize(h, &key("context_length"))?,
         dtype: None,
     }

