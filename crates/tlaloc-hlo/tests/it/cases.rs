@@ -30,6 +30,7 @@ cases!(
     splat_and_full,
     iota,
     binary_f32,
+    binary_bf16,
     binary_i32,
     binary_logical,
     unary_exact_f32,
@@ -169,6 +170,40 @@ pub fn binary_f32() -> Case {
     ];
     let expected = exact_refs.into_iter().map(|r| t([4, 4], r)).collect();
     exact(m, vec![tx, ty], expected)
+}
+
+/// bf16 add, multiply and divide are correctly rounded: the exact result rounded once to bf16
+/// (rounding through f32 first changes nothing, f32 carrying more than twice bf16's precision).
+pub fn binary_bf16() -> Case {
+    let mut rng = Lcg::new(12);
+    let x: Vec<bf16> = rng
+        .f32s(16, -8.0, 8.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let y: Vec<bf16> = rng
+        .f32s(16, 0.5, 8.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let (tx, ty) = (t([16], x.clone()), t([16], y.clone()));
+    let mut f = FunctionBuilder::new("binary_bf16");
+    let (a, b) = (arg(&mut f, &tx), arg(&mut f, &ty));
+    let outs = [
+        f.add(a, b).unwrap(),
+        f.mul(a, b).unwrap(),
+        f.div(a, b).unwrap(),
+    ];
+    let zip = |g: fn(f32, f32) -> f32| {
+        let v: Vec<bf16> = x
+            .iter()
+            .zip(&y)
+            .map(|(&p, &q)| bf16::from_f32(g(p.to_f32(), q.to_f32())))
+            .collect();
+        t([16], v)
+    };
+    let expected = vec![zip(|p, q| p + q), zip(|p, q| p * q), zip(|p, q| p / q)];
+    exact(f.finish(&outs).unwrap(), vec![tx, ty], expected)
 }
 
 pub fn binary_i32() -> Case {

@@ -56,6 +56,16 @@ fn run_on(client: &Client, case: &Case, text: &str) -> Result<(), String> {
             .map_err(|e| format!("upload of {}: {e}", input.ty()))?;
         buffers.push(b);
     }
+    // Where each donated input lives, to check that its output reuses the memory.
+    let mut aliased = Vec::new();
+    for (i, a) in case.module.arguments().iter().enumerate() {
+        if let Some(out) = a.aliasing_output {
+            let ptr = buffers[i]
+                .unsafe_device_pointer()
+                .map_err(|e| e.to_string())?;
+            aliased.push((i, out, ptr));
+        }
+    }
     // Donated buffers move into the call; the others are lent.
     let mut moved: Vec<Option<Buffer>> = Vec::new();
     let mut kept: Vec<Option<Buffer>> = Vec::new();
@@ -84,6 +94,16 @@ fn run_on(client: &Client, case: &Case, text: &str) -> Result<(), String> {
         ));
     }
     let mut problems = Vec::new();
+    for (i, out, ptr) in aliased {
+        let got = outputs[out]
+            .unsafe_device_pointer()
+            .map_err(|e| e.to_string())?;
+        if got != ptr {
+            problems.push(format!(
+                "output {out} does not reuse the memory of donated argument {i}"
+            ));
+        }
+    }
     for (k, (out, want)) in outputs.iter().zip(&case.expected).enumerate() {
         let ty: TensorType = want.ty();
         let dims = out.dims().map_err(|e| e.to_string())?;
