@@ -41,6 +41,7 @@ pub struct GpuOptions {
 
 #[derive(Debug, Clone, PartialEq)]
 enum OptionsKind {
+    PluginDefaults,
     Cpu { device_count: i64 },
     Gpu(GpuOptions),
 }
@@ -65,6 +66,14 @@ impl ClientOptions {
             kind: OptionsKind::Cpu {
                 device_count: i64::from(count.max(1)),
             },
+        }
+    }
+
+    /// No create options at all: whatever the plugin does by default. Refused for GPU plugins
+    /// (whose default preallocates most of the device memory).
+    pub fn plugin_defaults() -> ClientOptions {
+        ClientOptions {
+            kind: OptionsKind::PluginDefaults,
         }
     }
 
@@ -113,6 +122,7 @@ impl NamedValues {
         let mut values = Vec::new();
         let mut strings = Vec::new();
         match &options.kind {
+            OptionsKind::PluginDefaults => {}
             OptionsKind::Cpu { device_count } => {
                 let mut v = value("cpu_device_count", ffi::PJRT_NamedValue_kInt64);
                 v.value.int64_value = *device_count;
