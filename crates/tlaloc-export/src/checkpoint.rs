@@ -362,7 +362,7 @@ pub struct TensorMeta {
 #[derive(Debug)]
 enum Store {
     Safetensors(SafetensorsStore),
-    Gguf(GgufCheckpoint),
+    Gguf(Box<GgufCheckpoint>),
 }
 
 /// An opened, verified checkpoint.
@@ -509,7 +509,7 @@ impl Checkpoint {
                 kind: SourceKind::Gguf,
                 files: vec![file],
             },
-            store: Store::Gguf(gguf),
+            store: Store::Gguf(Box::new(gguf)),
             tensors,
         })
     }

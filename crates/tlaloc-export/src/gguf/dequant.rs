@@ -231,3 +231,177 @@ fn q6_k(b: &[u8], out: &mut Vec<f32>) {
         out.push(scale * q);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The reference here is llama.cpp's scalar `dequantize_row_*` (ggml-quants.c), transcribed
+    //! with its own loop structure; it evaluates the same f32 operations in the same order as the
+    //! `gguf` package's numpy code, so agreement is asserted on the bits.
+
+    use super::*;
+
+    fn blocks(ty: GgmlType, count: usize, scale_offsets: &[usize], seed: u64) -> Vec<u8> {
+        let (_, size) = ty.block();
+        let mut state = seed;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut out = vec![0u8; count * size];
+        for b in out.iter_mut() {
+            *b = next() as u8;
+        }
+        for block in out.chunks_exact_mut(size) {
+            for &at in scale_offsets {
+                let scale = f16::from_f32(((next() % 2000) as f32 - 1000.0) * 1e-4);
+                block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    fn half(b: &[u8], at: usize) -> f32 {
+        f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    }
+
+    fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+        if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            (
+                (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+                (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+            )
+        }
+    }
+
+    fn reference(ty: GgmlType, data: &[u8]) -> Vec<f32> {
+        let (_, size) = ty.block();
+        let mut y = Vec::new();
+        for x in data.chunks_exact(size) {
+            match ty {
+                GgmlType::Q8_0 => {
+                    let d = half(x, 0);
+                    for j in 0..32 {
+                        y.push(x[2 + j] as i8 as f32 * d);
+                    }
+                }
+                GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                    let d = half(x, 0);
+                    let (m, qs) = if ty == GgmlType::Q4_1 {
+                        (half(x, 2), &x[4..20])
+                    } else {
+                        (0.0, &x[2..18])
+                    };
+                    let mut row = [0f32; 32];
+                    for j in 0..16 {
+                        if ty == GgmlType::Q4_1 {
+                            row[j] = (qs[j] & 0x0F) as f32 * d + m;
+                            row[j + 16] = (qs[j] >> 4) as f32 * d + m;
+                        } else {
+                            row[j] = ((qs[j] & 0x0F) as i32 - 8) as f32 * d;
+                            row[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+                        }
+                    }
+                    y.extend(row);
+                }
+                GgmlType::Q4_K => {
+                    let (d, min) = (half(x, 0), half(x, 2));
+                    let scales = &x[4..16];
+                    let mut q = &x[16..144];
+                    let mut is = 0;
+                    for _ in (0..QK_K).step_by(64) {
+                        let (sc, m) = scale_min_k4(is, scales);
+                        let (d1, m1) = (d * sc as f32, min * m as f32);
+                        let (sc, m) = scale_min_k4(is + 1, scales);
+                        let (d2, m2) = (d * sc as f32, min * m as f32);
+                        for l in 0..32 {
+                            y.push(d1 * (q[l] & 0xF) as f32 - m1);
+                        }
+                        for l in 0..32 {
+                            y.push(d2 * (q[l] >> 4) as f32 - m2);
+                        }
+                        q = &q[32..];
+                        is += 2;
+                    }
+                }
+                GgmlType::Q6_K => {
+                    let d = half(x, 208);
+                    let (mut ql, mut qh, mut sc) = (&x[0..128], &x[128..192], &x[192..208]);
+                    for _ in (0..QK_K).step_by(128) {
+                        let mut out = [0f32; 128];
+                        for l in 0..32 {
+                            let is = l / 16;
+                            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
+                            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                            out[l] = d * sc[is] as i8 as f32 * q1 as f32;
+                            out[l + 32] = d * sc[is + 2] as i8 as f32 * q2 as f32;
+                            out[l + 64] = d * sc[is + 4] as i8 as f32 * q3 as f32;
+                            out[l + 96] = d * sc[is + 6] as i8 as f32 * q4 as f32;
+                        }
+                        y.extend(out);
+                        ql = &ql[64..];
+                        qh = &qh[32..];
+                        sc = &sc[8..];
+                    }
+                }
+                _ => unreachable!("float types are not block-quantized"),
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn quantized_types_match_llama_cpp_scalar_reference_bit_for_bit() {
+        for (ty, scales) in [
+            (GgmlType::Q8_0, &[0usize][..]),
+            (GgmlType::Q4_0, &[0]),
+            (GgmlType::Q4_1, &[0, 2]),
+            (GgmlType::Q4_K, &[0, 2]),
+            (GgmlType::Q6_K, &[208]),
+        ] {
+            let data = blocks(ty, 40, scales, 0x9E37_79B9_7F4A_7C15);
+            let TensorData::F32(got) = dequantize(ty, &data) else {
+                panic!("{ty:?} gave a float type")
+            };
+            let want = reference(ty, &data);
+            assert_eq!(got.len(), want.len(), "{ty:?}");
+            let differ: Vec<usize> = (0..got.len())
+                .filter(|&i| got[i].to_bits() != want[i].to_bits())
+                .collect();
+            assert!(
+                differ.is_empty(),
+                "{ty:?}: {} values differ, first at {:?}",
+                differ.len(),
+                differ.first()
+            );
+        }
+    }
+
+    #[test]
+    fn float_types_keep_their_bits() {
+        let bytes = [0x00, 0x3C, 0x00, 0xC0, 0x80, 0x3F, 0x00, 0x00];
+        assert_eq!(
+            dequantize(GgmlType::F16, &bytes[..4]).to_f32(),
+            vec![1.0, -2.0]
+        );
+        assert_eq!(
+            dequantize(GgmlType::BF16, &bytes[4..]).to_f32(),
+            vec![1.0, 0.0]
+        );
+        assert_eq!(
+            dequantize(GgmlType::F32, &1.5f32.to_le_bytes()).to_f32(),
+            vec![1.5]
+        );
+    }
+
+    #[test]
+    fn unsupported_types_are_refused_by_name() {
+        assert!(GgmlType::from_id(13).unwrap_err().contains("Q5_K"));
+        assert!(GgmlType::from_id(1000).unwrap_err().contains("unknown"));
+    }
+}
