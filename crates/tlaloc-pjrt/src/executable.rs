@@ -28,6 +28,15 @@ pub enum ExecuteArg<'a> {
     /// Read by the program; never donated.
     Borrowed(&'a Buffer),
     /// Moved into the call; its memory may be reused for an output the program aliases to it.
+    ///
+    /// The buffer cannot be used afterwards; the compiler refuses it:
+    ///
+    /// ```compile_fail,E0382
+    /// fn step(program: &tlaloc_pjrt::LoadedExecutable, pool: tlaloc_pjrt::Buffer) {
+    ///     let _ = program.execute(vec![tlaloc_pjrt::ExecuteArg::Donated(pool)]);
+    ///     let _ = pool.dims();
+    /// }
+    /// ```
     Donated(Buffer),
 }
 
