@@ -743,7 +743,9 @@ impl FunctionBuilder {
                     ),
                 ));
             }
-            dims[dimension] += t.dims[dimension];
+            dims[dimension] = dims[dimension]
+                .checked_add(t.dims[dimension])
+                .ok_or_else(|| invalid(OP, format!("dimension {dimension} overflows")))?;
         }
         Ok(self.push_op1(
             OpKind::Concatenate { dimension },

@@ -58,6 +58,7 @@ cases!(
     concatenate,
     slice,
     donation_and_names,
+    softmax_rows,
 );
 
 fn arg(f: &mut FunctionBuilder, x: &Tensor) -> Value {
@@ -1050,4 +1051,42 @@ pub fn donation_and_names() -> Case {
         t([4], zip_f32(&pool, &delta, |a, b| a + b)),
     ];
     exact(f.finish(&[sum, updated]).unwrap(), vec![td, tp], expected)
+}
+
+/// Ops composed as the attention softmax is: row max, shift, exp, row sum, divide; reduced rows
+/// are brought back to [rows, 1] and broadcast.
+pub fn softmax_rows() -> Case {
+    let mut rng = Lcg::new(13);
+    let mut x = rng.f32s(15, -20.0, 20.0);
+    x[5] = f32::NEG_INFINITY;
+    let tx = t([3, 5], x.clone());
+    let mut f = FunctionBuilder::new("softmax_rows");
+    let a = arg(&mut f, &tx);
+    let row_max = f.reduce_max(a, [1]).unwrap();
+    let row_max = f.reshape(row_max, [3, 1]).unwrap();
+    let row_max = f.broadcast_to(row_max, [3, 5]).unwrap();
+    let shifted = f.sub(a, row_max).unwrap();
+    let e = f.exp(shifted).unwrap();
+    let total = f.reduce_sum(e, [1]).unwrap();
+    let total = f.reshape(total, [3, 1]).unwrap();
+    let total = f.broadcast_to(total, [3, 5]).unwrap();
+    let out = f.div(e, total).unwrap();
+    let want: Vec<f32> = x
+        .chunks(5)
+        .flat_map(|row| {
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f64> = row.iter().map(|&v| f64::from(v - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(move |v| (v / s) as f32)
+        })
+        .collect();
+    Case {
+        module: f.finish(&[out]).unwrap(),
+        inputs: vec![tx],
+        expected: vec![t([3, 5], want)],
+        tolerance: Tolerance::Close {
+            rel: 2e-6,
+            abs: 1e-9,
+        },
+    }
 }
