@@ -233,6 +233,7 @@ fn q6_k(b: &[u8], out: &mut Vec<f32>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // the reference keeps llama.cpp's index loops
 mod tests {
     //! The reference here is llama.cpp's scalar `dequantize_row_*` (ggml-quants.c), transcribed
     //! with its own loop structure; it evaluates the same f32 operations in the same order as the
