@@ -183,6 +183,15 @@ impl Engine {
         Self::start_with(move || Ok::<_, std::convert::Infallible>(executor))
     }
 
+    /// Loads the artifact in `dir` onto a PJRT device and starts the engine over it.
+    pub fn load(
+        dir: impl Into<std::path::PathBuf>,
+        options: crate::model::LoadOptions,
+    ) -> Result<EngineHandle, EngineError> {
+        let dir = dir.into();
+        Self::start_with(move || crate::model::Model::load(&dir, &options))
+    }
+
     /// Starts the engine thread and builds the executor on it (for executors that must stay on
     /// the thread that made them); waits until it is built.
     pub fn start_with<E, F, Err>(make: F) -> Result<EngineHandle, EngineError>

@@ -5,8 +5,10 @@
 //! Nothing here links the exporter or the graph builder: an artifact is JSON, text and bytes.
 
 pub mod block_manager;
+pub mod compile_cache;
 pub mod engine;
 pub mod executor;
+pub mod model;
 pub mod sampling;
 pub mod scheduler;
 
@@ -17,6 +19,7 @@ pub use executor::{
     EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape, StepInputs, StepOutput,
     StepTimings,
 };
+pub use model::{CompileMode, LoadError, LoadOptions, Model};
 pub use sampling::{Sampled, SamplingParams};
 pub use scheduler::GenerateRequest;
 pub use scheduler::{FinishReason, RequestId, StopParams, Usage};

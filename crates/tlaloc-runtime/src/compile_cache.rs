@@ -1,0 +1,160 @@
+//! The persistent compile cache: serialized executables on disk, keyed by everything that can
+//! change the compiled code.
+//!
+//! Key = sha256 over the plugin's PJRT API version, its platform name and version, the device
+//! kind, the body's sha256 and the compile-option bytes. Value = `LoadedExecutable::serialize()`
+//! in `<dir>/<key>.bin`, written to a temporary name and renamed, so a reader never sees half
+//! a file. A file that fails to load is treated as a miss and rewritten.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// What identifies the plugin build and device an executable was compiled for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheIdentity {
+    /// PJRT API (major, minor).
+    pub api_version: (u32, u32),
+    /// `PJRT_Client_PlatformName`.
+    pub platform_name: String,
+    /// `PJRT_Client_PlatformVersion`.
+    pub platform_version: String,
+    /// The device kind (e.g. `cpu`, `NVIDIA H200`).
+    pub device_kind: String,
+}
+
+/// A cache directory.
+#[derive(Debug, Clone)]
+pub struct CompileCache {
+    dir: PathBuf,
+}
+
+impl CompileCache {
+    /// The cache in `dir` (created on first write).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The default directory: `$TLALOC_HOME/compile-cache`.
+    pub fn default_dir() -> PathBuf {
+        tlaloc_pjrt::discovery::project_home().join("compile-cache")
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The key of one body compiled with `options` for `identity`.
+    pub fn key(identity: &CacheIdentity, body_sha256: &str, options: &[u8]) -> String {
+        let mut h = Sha256::new();
+        let (major, minor) = identity.api_version;
+        for part in [
+            format!("pjrt-api {major}.{minor}").as_bytes(),
+            identity.platform_name.as_bytes(),
+            identity.platform_version.as_bytes(),
+            identity.device_kind.as_bytes(),
+            body_sha256.as_bytes(),
+            options,
+        ] {
+            // Length-prefixed, so that no two different part lists hash the same bytes.
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        hex::encode(h.finalize())
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.bin"))
+    }
+
+    /// The stored bytes for `key`, if any.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.path(key)).ok()
+    }
+
+    /// Stores `bytes` under `key`; failures are logged, not fatal (the cache is an optimisation).
+    pub fn put(&self, key: &str, bytes: &[u8]) {
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.dir)?;
+            let tmp = self.dir.join(format!("{key}.tmp.{}", std::process::id()));
+            std::fs::write(&tmp, bytes)?;
+            std::fs::rename(&tmp, self.path(key))
+        };
+        if let Err(e) = write() {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "could not write the compile cache");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> CacheIdentity {
+        CacheIdentity {
+            api_version: (0, 81),
+            platform_name: "cpu".into(),
+            platform_version: "1".into(),
+            device_kind: "cpu".into(),
+        }
+    }
+
+    #[test]
+    fn every_part_of_the_identity_changes_the_key() {
+        let base = CompileCache::key(&identity(), "abc", b"opts");
+        let variants = [
+            CompileCache::key(
+                &CacheIdentity {
+                    api_version: (0, 115),
+                    ..identity()
+                },
+                "abc",
+                b"opts",
+            ),
+            CompileCache::key(
+                &CacheIdentity {
+                    platform_name: "cuda".into(),
+                    ..identity()
+                },
+                "abc",
+                b"opts",
+            ),
+            CompileCache::key(
+                &CacheIdentity {
+                    platform_version: "2".into(),
+                    ..identity()
+                },
+                "abc",
+                b"opts",
+            ),
+            CompileCache::key(
+                &CacheIdentity {
+                    device_kind: "NVIDIA H200".into(),
+                    ..identity()
+                },
+                "abc",
+                b"opts",
+            ),
+            CompileCache::key(&identity(), "abd", b"opts"),
+            CompileCache::key(&identity(), "abc", b"opt"),
+            // Moving a byte between parts must not collide.
+            CompileCache::key(&identity(), "abco", b"pts"),
+        ];
+        for v in variants {
+            assert_ne!(v, base);
+        }
+        assert_eq!(base, CompileCache::key(&identity(), "abc", b"opts"));
+        assert_eq!(base.len(), 64);
+    }
+
+    #[test]
+    fn put_then_get_round_trips() {
+        let dir = std::env::temp_dir().join(format!("tlaloc-cache-test-{}", std::process::id()));
+        let cache = CompileCache::new(&dir);
+        assert_eq!(cache.get("k"), None);
+        cache.put("k", b"bytes");
+        assert_eq!(cache.get("k").as_deref(), Some(&b"bytes"[..]));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
