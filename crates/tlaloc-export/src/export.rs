@@ -1,0 +1,337 @@
+//! Checkpoint -> artifact: opens a checkpoint, converts its weights to the export dtype, builds
+//! the RoPE tables and the forward program of every ladder entry, checks each program against
+//! the contract (`ProgramSignature::expected_for`) before writing it, and writes the manifest
+//! with provenance through `tlaloc_artifact::ArtifactWriter`.
+//!
+//! Output is a pure function of the checkpoint bytes and the options: weights in plan order,
+//! entries in ladder order, bodies content-addressed, no timestamps, so two exports are
+//! byte-identical. Matrix weights take the export dtype; norm weights, biases and the RoPE
+//! tables stay f32 (they are small and the graph computes with them in f32).
+
+use std::path::Path;
+
+use half::bf16;
+use tlaloc_artifact::{
+    ArtifactError, ArtifactWriter, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
+    LadderError, LadderOptions, Manifest, PaddingContract, ProgramSignature, Provenance, Role,
+    SignatureMismatch, SourceCheckpoint, SourceFile, TensorSpec, TokenizerFiles,
+};
+use tlaloc_hlo::Module;
+
+use crate::checkpoint::{Checkpoint, SourceKind};
+use crate::config::{ModelConfig, RopeScaling};
+use crate::error::IngestError;
+use crate::graph::{self, GraphError, SlotSource, WeightPlan};
+
+/// What an export produces and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportOptions {
+    /// f32 or bf16: the dtype of the matrix weights and of the KV pools.
+    pub dtype: Dtype,
+    pub ladder: LadderOptions,
+    /// Replace an existing artifact in the output directory.
+    pub force: bool,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            dtype: Dtype::F32,
+            ladder: LadderOptions::default(),
+            force: false,
+        }
+    }
+}
+
+/// Progress reported while exporting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportProgress {
+    /// Starting: how many weights and entries there will be.
+    Plan { weights: usize, entries: usize },
+    /// Weight `index` (of the plan) has been written.
+    Weight { index: usize, slot: String, bytes: u64 },
+    /// Entry `index` (of the ladder) has been built and written.
+    Entry { index: usize, name: String },
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct ExportSummary {
+    pub manifest: Manifest,
+    pub entries: usize,
+    /// Distinct bodies written (entries may share one).
+    pub bodies: usize,
+    pub weight_bytes: u64,
+    pub body_bytes: u64,
+}
+
+/// Why an export was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("checkpoint: {0}")]
+    Ingest(#[from] IngestError),
+    #[error("export dtype {0} is not supported; use f32 or bf16")]
+    UnsupportedDtype(Dtype),
+    #[error("ladder options refused: {0}")]
+    Ladder(#[from] LadderError),
+    #[error("forward program: {0}")]
+    Graph(#[from] GraphError),
+    #[error("entry {entry}: the built program disagrees with the contract at {mismatch}")]
+    Contract {
+        entry: String,
+        mismatch: SignatureMismatch,
+    },
+    #[error("artifact: {0}")]
+    Artifact(#[from] ArtifactError),
+}
+
+/// Exports the checkpoint at `checkpoint` (a Hugging Face directory or a `.gguf` file) into
+/// the artifact directory `out`.
+pub fn export(
+    checkpoint: impl AsRef<Path>,
+    out: impl AsRef<Path>,
+    options: &ExportOptions,
+    progress: &mut dyn FnMut(ExportProgress),
+) -> Result<ExportSummary, ExportError> {
+    if !matches!(options.dtype, Dtype::F32 | Dtype::Bf16) {
+        return Err(ExportError::UnsupportedDtype(options.dtype));
+    }
+    let ladder = options.ladder.ladder()?;
+    let checkpoint = Checkpoint::open(checkpoint)?;
+    let config = &checkpoint.config;
+    let plan = WeightPlan::new(config, options.dtype, ladder.max_context);
+    let model = artifact_model(config);
+    let kv = KvCacheLayout::for_model(
+        &model,
+        options.dtype,
+        ladder.block_size,
+        options.ladder.num_blocks,
+    );
+    let points = ladder.points();
+    progress(ExportProgress::Plan {
+        weights: plan.slots.len(),
+        entries: points.len(),
+    });
+
+    let existing = if options.force {
+        ExistingDir::ReplaceArtifact
+    } else {
+        ExistingDir::Refuse
+    };
+    let mut writer = ArtifactWriter::create_with(out, existing)?;
+
+    let mut weights = Vec::with_capacity(plan.slots.len());
+    let mut weight_bytes = 0u64;
+    let rope = graph::rope::tables(
+        config.rope_theta,
+        config.head_dim,
+        &config.rope_scaling,
+        plan.rope_positions,
+    );
+    for (index, slot) in plan.slots.iter().enumerate() {
+        let values = match slot.source {
+            SlotSource::Tensor(role) => checkpoint.tensor(role)?.to_f32(),
+            SlotSource::RopeCos => rope.0.clone(),
+            SlotSource::RopeSin => rope.1.clone(),
+        };
+        let bytes = encode(&values, slot.dtype)?;
+        let row = writer.write_weight(index, &slot.name, slot.dtype, &slot.dims, &bytes)?;
+        weight_bytes += row.byte_length;
+        progress(ExportProgress::Weight {
+            index,
+            slot: slot.name.clone(),
+            bytes: row.byte_length,
+        });
+        weights.push(row);
+    }
+
+    let mut files = Vec::new();
+    for (name, bytes) in checkpoint.tokenizer.files() {
+        files.push(writer.write_tokenizer_file(name, bytes)?);
+    }
+    let tokenizer = TokenizerFiles {
+        files,
+        chat_template: Some(checkpoint.tokenizer.chat_template().is_some()),
+    };
+
+    let mut manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        model,
+        dtype: options.dtype,
+        kv_cache: kv.clone(),
+        ladder: ladder.clone(),
+        entries: Vec::new(),
+        padding: PaddingContract::CONTRACT,
+        weights,
+        tokenizer,
+        provenance: provenance(&checkpoint, options),
+    };
+
+    let mut bodies = std::collections::BTreeMap::new();
+    for (index, point) in points.iter().enumerate() {
+        let module = graph::forward_program(&plan, &kv, *point)?;
+        let entry_stub = Entry::new(*point, String::new());
+        let expected = ProgramSignature::expected_for(&manifest, &entry_stub);
+        let signature = signature_of(&module, &expected);
+        signature
+            .check_against(&expected)
+            .map_err(|mismatch| ExportError::Contract {
+                entry: point.name(),
+                mismatch,
+            })?;
+        let text = module.to_text();
+        let body = writer.write_body(&text)?;
+        bodies.insert(body.clone(), text.len() as u64);
+        writer.write_program(&expected)?;
+        manifest.entries.push(Entry::new(*point, body));
+        progress(ExportProgress::Entry {
+            index,
+            name: point.name(),
+        });
+    }
+
+    let artifact = writer.finish(&manifest)?;
+    Ok(ExportSummary {
+        manifest: artifact.manifest().clone(),
+        entries: manifest.entries.len(),
+        bodies: bodies.len(),
+        weight_bytes,
+        body_bytes: bodies.values().sum(),
+    })
+}
+
+/// Dense little-endian bytes of `values` as `dtype` (bf16 rounds to nearest even).
+fn encode(values: &[f32], dtype: Dtype) -> Result<Vec<u8>, ExportError> {
+    match dtype {
+        Dtype::F32 => Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        Dtype::Bf16 => Ok(values
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect()),
+        other => Err(ExportError::UnsupportedDtype(other)),
+    }
+}
+
+/// The signature `module` actually has, named and typed from its arguments and results, with
+/// roles taken from `expected` by name (a name the contract lacks keeps a weight role and so
+/// fails the comparison).
+fn signature_of(module: &Module, expected: &ProgramSignature) -> ProgramSignature {
+    let spec_of = |name: String, ty: &tlaloc_hlo::TensorType, known: &[TensorSpec]| {
+        let role = known
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.role.clone())
+            .unwrap_or(Role::Weight { slot: name.clone() });
+        TensorSpec {
+            role,
+            dtype: graph::artifact_dtype(ty.dtype).unwrap_or(Dtype::U8),
+            dims: ty.dims.clone(),
+            name,
+        }
+    };
+    let inputs = module
+        .arguments()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let name = a.name.clone().unwrap_or_else(|| format!("arg{i}"));
+            spec_of(name, &a.ty, &expected.inputs)
+        })
+        .collect();
+    let outputs = module
+        .result_types()
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            let name = expected
+                .outputs
+                .get(i)
+                .map_or_else(|| format!("result{i}"), |s| s.name.clone());
+            spec_of(name, ty, &expected.outputs)
+        })
+        .collect();
+    let donations = module
+        .arguments()
+        .iter()
+        .enumerate()
+        .filter_map(|(input, a)| {
+            a.aliasing_output
+                .map(|output| tlaloc_artifact::Donation { input, output })
+        })
+        .collect();
+    ProgramSignature {
+        entry: expected.entry.clone(),
+        inputs,
+        outputs,
+        donations,
+    }
+}
+
+/// The manifest's model section.
+fn artifact_model(c: &ModelConfig) -> tlaloc_artifact::ModelConfig {
+    tlaloc_artifact::ModelConfig {
+        architecture: c.architecture.hf_name().to_owned(),
+        hidden_size: c.hidden_size,
+        intermediate_size: c.intermediate_size,
+        num_layers: c.num_hidden_layers,
+        num_heads: c.num_attention_heads,
+        num_kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        vocab_size: c.vocab_size,
+        rms_norm_eps: c.rms_norm_eps,
+        rope_theta: c.rope_theta,
+        rope_scaling: match c.rope_scaling {
+            RopeScaling::None => None,
+            RopeScaling::Linear { factor } => {
+                Some(tlaloc_artifact::RopeScaling::Linear { factor })
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => Some(tlaloc_artifact::RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }),
+        },
+        tied_embeddings: c.tie_word_embeddings,
+        attention_bias: c.qkv_bias,
+        max_position_embeddings: c.max_position_embeddings,
+        bos_token_id: c.bos_token_id,
+        eos_token_ids: c.eos_token_ids.clone(),
+    }
+}
+
+fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
+    let kind = match checkpoint.source.kind {
+        SourceKind::Safetensors | SourceKind::ShardedSafetensors => "safetensors",
+        SourceKind::Gguf => "gguf",
+    };
+    let l = &options.ladder;
+    Provenance {
+        source: SourceCheckpoint {
+            kind: kind.to_owned(),
+            files: checkpoint
+                .source
+                .files
+                .iter()
+                .map(|f| SourceFile {
+                    name: f.name.clone(),
+                    sha256: f.sha256.clone(),
+                })
+                .collect(),
+        },
+        exporter: format!("tlaloc-export {}", env!("CARGO_PKG_VERSION")),
+        options: serde_json::json!({
+            "dtype": options.dtype.name(),
+            "maxBatch": l.max_batch,
+            "maxContext": l.max_context,
+            "blockSize": l.block_size,
+            "numBlocks": l.num_blocks,
+            "prefillChunks": l.prefill_chunks,
+        }),
+    }
+}

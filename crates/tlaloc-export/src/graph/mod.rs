@@ -1,0 +1,628 @@
+//! The Llama-family forward program: one StableHLO function per ladder entry
+//! `(kind, B, T, C)`, with the signature of the forward-program contract
+//! (`tlaloc_artifact::ProgramSignature::expected_for`), and the weight plan that decides which
+//! weight slots the program takes and in what order.
+//!
+//! The program: embedding gather; per layer RMSNorm, q/k/v projections (`dot_general` against the
+//! `[out, in]` weights, contracting dim 1 with dim 1, so no transpose is materialised; optional
+//! biases), RoPE in transformers' `rotate_half` form with cos/sin gathered by `positions` from
+//! tables computed at export time (see [`rope`]), then paged attention: the new K/V rows of the
+//! whole batch are written by ONE scatter into each pool viewed as
+//! `[numBlocks * blockSize, kvHeads, headDim]` at `slotMapping` (index -1 is out of bounds and
+//! dropped: the padding contract), and each row's pages are read back by ONE gather by
+//! `blockTables`; grouped-query scores in f32, masked by causality (`c <= position`) and by
+//! `c < seqLen`, softmax in f32 (max subtracted), weighted sum of V, output projection,
+//! residual, RMSNorm, SwiGLU MLP (`silu(gate) * up`, `silu = x * logistic(x)`), residual. The
+//! last real token of each row (the lowest `t` whose position is `seqLen - 1`) is picked by a
+//! mask and a reduction, then final norm, LM head (the embedding matrix when tied), logits f32
+//! and the greedy next token (argmax, lowest index on ties) as i32.
+//!
+//! Dtypes. f32: everything f32, every `dot_general` at `HIGHEST` precision. bf16: the matrix
+//! weights (embedding, projections, LM head) and the KV pools are bf16; each projection converts
+//! its f32 input to bf16 and multiplies bf16 x bf16 with an f32 result; the residual stream,
+//! RMSNorm (and its weights), biases, RoPE, attention scores, softmax and the attention-weighted
+//! sum of V are f32 (gathered K/V pages are converted to f32); new K/V rows are rounded to bf16
+//! when written to the pools.
+
+pub mod rope;
+
+use std::collections::BTreeMap;
+
+use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint};
+use tlaloc_hlo::{
+    CompareDirection, DType, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision,
+    Scalar, ScatterSpec, ScatterUpdate, TensorType, Value,
+};
+
+use crate::checkpoint::{LayerRole, Role};
+use crate::config::ModelConfig;
+
+/// Where the bytes of a weight slot come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotSource {
+    /// A checkpoint tensor, in Hugging Face layout.
+    Tensor(Role),
+    /// The RoPE cosine table `[maxContext, headDim]`.
+    RopeCos,
+    /// The RoPE sine table `[maxContext, headDim]`.
+    RopeSin,
+}
+
+/// One weight operand of every entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightSlot {
+    pub name: String,
+    pub source: SlotSource,
+    pub dtype: Dtype,
+    pub dims: Vec<usize>,
+}
+
+/// The weight slots of a model in manifest (and operand) order, and what the graph needs to
+/// know about the model.
+#[derive(Debug, Clone)]
+pub struct WeightPlan {
+    pub config: ModelConfig,
+    /// The export dtype of the matrix weights and the KV pools.
+    pub dtype: Dtype,
+    /// Rows of the RoPE tables: the largest position + 1 any entry can see.
+    pub rope_positions: usize,
+    pub slots: Vec<WeightSlot>,
+}
+
+/// Slot name of a layer role, e.g. `layers.3.q_proj`.
+fn layer_slot(layer: usize, role: LayerRole) -> String {
+    let name = match role {
+        LayerRole::AttnNorm => "input_norm",
+        LayerRole::Q => "q_proj",
+        LayerRole::K => "k_proj",
+        LayerRole::V => "v_proj",
+        LayerRole::O => "o_proj",
+        LayerRole::QBias => "q_bias",
+        LayerRole::KBias => "k_bias",
+        LayerRole::VBias => "v_bias",
+        LayerRole::OBias => "o_bias",
+        LayerRole::MlpNorm => "post_attention_norm",
+        LayerRole::Gate => "gate_proj",
+        LayerRole::Up => "up_proj",
+        LayerRole::Down => "down_proj",
+        LayerRole::GateBias => "gate_bias",
+        LayerRole::UpBias => "up_bias",
+        LayerRole::DownBias => "down_bias",
+    };
+    format!("layers.{layer}.{name}")
+}
+
+pub const EMBEDDING_SLOT: &str = "embed_tokens";
+pub const LM_HEAD_SLOT: &str = "lm_head";
+pub const FINAL_NORM_SLOT: &str = "final_norm";
+pub const ROPE_COS_SLOT: &str = "rope.cos";
+pub const ROPE_SIN_SLOT: &str = "rope.sin";
+
+impl WeightPlan {
+    /// The plan for `config` exported as `dtype` (f32 or bf16). Matrices take the export dtype;
+    /// one-dimensional weights (norms, biases) and the RoPE tables stay f32. A tied LM head is
+    /// the embedding slot, not a second copy.
+    pub fn new(config: &ModelConfig, dtype: Dtype, rope_positions: usize) -> WeightPlan {
+        let c = config;
+        let mut slots = Vec::new();
+        let mut push = |name: String, role: Role| {
+            let dims = role.expected_dims(c);
+            let dtype = if dims.len() == 1 { Dtype::F32 } else { dtype };
+            slots.push(WeightSlot {
+                name,
+                source: SlotSource::Tensor(role),
+                dtype,
+                dims,
+            });
+        };
+        push(EMBEDDING_SLOT.into(), Role::Embedding);
+        let layer_roles = [
+            LayerRole::AttnNorm,
+            LayerRole::Q,
+            LayerRole::QBias,
+            LayerRole::K,
+            LayerRole::KBias,
+            LayerRole::V,
+            LayerRole::VBias,
+            LayerRole::O,
+            LayerRole::OBias,
+            LayerRole::MlpNorm,
+            LayerRole::Gate,
+            LayerRole::GateBias,
+            LayerRole::Up,
+            LayerRole::UpBias,
+            LayerRole::Down,
+            LayerRole::DownBias,
+        ];
+        for layer in 0..c.num_hidden_layers {
+            for role in layer_roles {
+                let present = match role {
+                    LayerRole::QBias | LayerRole::KBias | LayerRole::VBias => c.qkv_bias,
+                    LayerRole::OBias => c.o_bias,
+                    LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
+                    _ => true,
+                };
+                if present {
+                    push(layer_slot(layer, role), Role::Layer(layer, role));
+                }
+            }
+        }
+        push(FINAL_NORM_SLOT.into(), Role::FinalNorm);
+        if !c.tie_word_embeddings {
+            push(LM_HEAD_SLOT.into(), Role::LmHead);
+        }
+        for (name, source) in [
+            (ROPE_COS_SLOT, SlotSource::RopeCos),
+            (ROPE_SIN_SLOT, SlotSource::RopeSin),
+        ] {
+            slots.push(WeightSlot {
+                name: name.into(),
+                source,
+                dtype: Dtype::F32,
+                dims: vec![rope_positions, c.head_dim],
+            });
+        }
+        WeightPlan {
+            config: config.clone(),
+            dtype,
+            rope_positions,
+            slots,
+        }
+    }
+}
+
+/// Why a forward program could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    #[error("building entry {entry}: {source}")]
+    Hlo {
+        entry: String,
+        #[source]
+        source: HloError,
+    },
+    #[error("the forward program supports f32 and bf16, not {0}")]
+    UnsupportedDtype(Dtype),
+    #[error(
+        "entry {entry}: context {context} is not a multiple of the KV block size {block_size}"
+    )]
+    ContextNotBlockAligned {
+        entry: String,
+        context: usize,
+        block_size: usize,
+    },
+}
+
+fn hlo_dtype(dtype: Dtype) -> Result<DType, GraphError> {
+    match dtype {
+        Dtype::F32 => Ok(DType::F32),
+        Dtype::Bf16 => Ok(DType::Bf16),
+        other => Err(GraphError::UnsupportedDtype(other)),
+    }
+}
+
+/// Builds the forward program of `point`.
+pub fn forward_program(
+    plan: &WeightPlan,
+    kv: &KvCacheLayout,
+    point: LadderPoint,
+) -> Result<Module, GraphError> {
+    let entry = point.name();
+    if kv.block_size == 0 || point.context % kv.block_size != 0 {
+        return Err(GraphError::ContextNotBlockAligned {
+            entry,
+            context: point.context,
+            block_size: kv.block_size,
+        });
+    }
+    let matrix = hlo_dtype(plan.dtype)?;
+    let pool = hlo_dtype(kv.dtype)?;
+    let mut g = Graph {
+        f: FunctionBuilder::new("tlaloc_forward"),
+        weights: BTreeMap::new(),
+        matrix,
+        pool,
+    };
+    build(&mut g, plan, kv, point).map_err(|source| GraphError::Hlo { entry, source })
+}
+
+struct Graph {
+    f: FunctionBuilder,
+    weights: BTreeMap<String, Value>,
+    /// Element type of the matrix weights.
+    matrix: DType,
+    /// Element type of the KV pools.
+    pool: DType,
+}
+
+fn f32_ty(dims: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, dims.to_vec())
+}
+
+impl Graph {
+    fn weight(&self, slot: &str) -> Result<Value, HloError> {
+        self.weights
+            .get(slot)
+            .copied()
+            .ok_or_else(|| HloError::Signature {
+                function: "tlaloc_forward".into(),
+                detail: format!("the weight plan has no slot {slot:?}"),
+            })
+    }
+
+    fn dims(&self, v: Value) -> Result<Vec<usize>, HloError> {
+        Ok(self.f.ty(v)?.dims.clone())
+    }
+
+    fn precision(&self, dtype: DType) -> Option<Precision> {
+        (dtype == DType::F32).then_some(Precision::Highest)
+    }
+
+    /// `x [N, in] f32` times the `[out, in]` weight `slot`, plus the optional f32 bias;
+    /// returns `[N, out]` f32.
+    fn linear(&mut self, x: Value, slot: &str, bias: Option<&str>) -> Result<Value, HloError> {
+        let w = self.weight(slot)?;
+        let x = if self.matrix == DType::F32 {
+            x
+        } else {
+            self.f.convert(x, self.matrix)?
+        };
+        let dims = DotDims {
+            lhs_contract: vec![1],
+            rhs_contract: vec![1],
+            ..DotDims::default()
+        };
+        let precision = self.precision(self.matrix);
+        let y = self
+            .f
+            .dot_general(x, w, &dims, precision, Some(DType::F32))?;
+        match bias {
+            None => Ok(y),
+            Some(bias) => {
+                let b = self.weight(bias)?;
+                let out = self.dims(y)?;
+                let b = self.f.broadcast_in_dim(b, out, [1])?;
+                self.f.add(y, b)
+            }
+        }
+    }
+
+    /// RMSNorm of `x [N, H] f32` with the f32 weight `slot`.
+    fn rms_norm(&mut self, x: Value, slot: &str, eps: f64) -> Result<Value, HloError> {
+        let dims = self.dims(x)?;
+        let (n, h) = (dims[0], dims[1]);
+        let squares = self.f.mul(x, x)?;
+        let sum = self.f.reduce_sum(squares, [1])?;
+        let width = self.f.full(&f32_ty(&[n]), h as f64)?;
+        let mean = self.f.div(sum, width)?;
+        let eps = self.f.full(&f32_ty(&[n]), eps)?;
+        let variance = self.f.add(mean, eps)?;
+        let scale = self.f.rsqrt(variance)?;
+        let scale = self.f.broadcast_in_dim(scale, [n, h], [0])?;
+        let normed = self.f.mul(x, scale)?;
+        let w = self.weight(slot)?;
+        let w = self.f.broadcast_in_dim(w, [n, h], [1])?;
+        self.f.mul(w, normed)
+    }
+
+    /// RoPE of `x [N, heads, D]` with `cos`, `sin` `[N, D]`: `x * cos + rotate_half(x) * sin`.
+    fn rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, HloError> {
+        let dims = self.dims(x)?;
+        let (n, heads, d) = (dims[0], dims[1], dims[2]);
+        let half = d / 2;
+        let first = self.f.slice(x, [0, 0, 0], [n, heads, half], [1, 1, 1])?;
+        let second = self.f.slice(x, [0, 0, half], [n, heads, d], [1, 1, 1])?;
+        let neg_second = self.f.neg(second)?;
+        let rotated = self.f.concatenate(&[neg_second, first], 2)?;
+        let cos = self.f.broadcast_in_dim(cos, dims.clone(), [0, 2])?;
+        let sin = self.f.broadcast_in_dim(sin, dims, [0, 2])?;
+        let a = self.f.mul(x, cos)?;
+        let b = self.f.mul(rotated, sin)?;
+        self.f.add(a, b)
+    }
+
+    /// Rows of `table [R, D]` at `indices [N]` i32: `[N, D]`.
+    fn gather_rows(&mut self, table: Value, indices: Value) -> Result<Value, HloError> {
+        let d = self.dims(table)?[1];
+        self.f.gather(
+            table,
+            indices,
+            &GatherSpec {
+                offset_dims: vec![1],
+                collapsed_slice_dims: vec![0],
+                start_index_map: vec![0],
+                index_vector_dim: 1,
+                slice_sizes: vec![1, d],
+                indices_are_sorted: false,
+            },
+        )
+    }
+}
+
+struct Inputs {
+    positions: Value,
+    block_tables: Value,
+    seq_lens: Value,
+    slot_mapping: Value,
+}
+
+fn build(
+    g: &mut Graph,
+    plan: &WeightPlan,
+    kv: &KvCacheLayout,
+    point: LadderPoint,
+) -> Result<Module, HloError> {
+    let c = &plan.config;
+    let (b, t) = (point.batch, point.tokens);
+    let n = b * t;
+    let pages = point.context / kv.block_size;
+    let context = point.context;
+    let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let groups = heads / kv_heads;
+    let hidden = c.hidden_size;
+    let i32_ty = |dims: &[usize]| TensorType::new(DType::I32, dims.to_vec());
+
+    let token_ids = g.f.arg_named("tokenIds", i32_ty(&[b, t]))?;
+    let inputs = Inputs {
+        positions: g.f.arg_named("positions", i32_ty(&[b, t]))?,
+        block_tables: g.f.arg_named("blockTables", i32_ty(&[b, pages]))?,
+        seq_lens: g.f.arg_named("seqLens", i32_ty(&[b]))?,
+        slot_mapping: g.f.arg_named("slotMapping", i32_ty(&[n]))?,
+    };
+    for slot in &plan.slots {
+        let dtype = hlo_dtype_unchecked(slot.dtype);
+        let v = g
+            .f
+            .arg_named(&slot.name, TensorType::new(dtype, slot.dims.clone()))?;
+        g.weights.insert(slot.name.clone(), v);
+    }
+    let pool_ty = TensorType::new(g.pool, kv.pool_dims());
+    let mut pools = Vec::with_capacity(2 * c.num_hidden_layers);
+    for layer in 0..c.num_hidden_layers {
+        let k = g.f.arg_named(&format!("kPool.{layer}"), pool_ty.clone())?;
+        let v = g.f.arg_named(&format!("vPool.{layer}"), pool_ty.clone())?;
+        pools.push((k, v));
+    }
+
+    // Embedding and the RoPE rows of every token.
+    let flat_ids = g.f.reshape(token_ids, [n])?;
+    let embedding = g.weight(EMBEDDING_SLOT)?;
+    let mut h = g.gather_rows(embedding, flat_ids)?;
+    if g.matrix != DType::F32 {
+        h = g.f.convert(h, DType::F32)?;
+    }
+    let flat_positions = g.f.reshape(inputs.positions, [n])?;
+    let cos_table = g.weight(ROPE_COS_SLOT)?;
+    let sin_table = g.weight(ROPE_SIN_SLOT)?;
+    let cos = g.gather_rows(cos_table, flat_positions)?;
+    let sin = g.gather_rows(sin_table, flat_positions)?;
+
+    // The attention mask is the same for every layer: [B, kvHeads, T, groups, C].
+    let scores_dims = [b, kv_heads, t, groups, context];
+    let key_index = g.f.iota(i32_ty(&scores_dims), 4)?;
+    let position_b = g
+        .f
+        .broadcast_in_dim(inputs.positions, scores_dims, [0, 2])?;
+    let seq_len_b = g.f.broadcast_in_dim(inputs.seq_lens, scores_dims, [0])?;
+    let causal = g.f.compare(key_index, CompareDirection::Le, position_b)?;
+    let live = g.f.compare(key_index, CompareDirection::Lt, seq_len_b)?;
+    let mask = g.f.and(causal, live)?;
+    let masked_value = g.f.splat(Scalar::lowest(DType::F32), scores_dims)?;
+    let scale = g.f.full(&f32_ty(&scores_dims), (d as f64).powf(-0.5))?;
+
+    let bias = |layer: usize, role: LayerRole, present: bool| {
+        present.then(|| layer_slot(layer, role))
+    };
+    let mut new_pools = Vec::with_capacity(2 * c.num_hidden_layers);
+    for (layer, &(k_pool, v_pool)) in pools.iter().enumerate() {
+        let residual = h;
+        let x = g.rms_norm(h, &layer_slot(layer, LayerRole::AttnNorm), c.rms_norm_eps)?;
+        let q = g.linear(
+            x,
+            &layer_slot(layer, LayerRole::Q),
+            bias(layer, LayerRole::QBias, c.qkv_bias).as_deref(),
+        )?;
+        let k = g.linear(
+            x,
+            &layer_slot(layer, LayerRole::K),
+            bias(layer, LayerRole::KBias, c.qkv_bias).as_deref(),
+        )?;
+        let v = g.linear(
+            x,
+            &layer_slot(layer, LayerRole::V),
+            bias(layer, LayerRole::VBias, c.qkv_bias).as_deref(),
+        )?;
+        let q = g.f.reshape(q, [n, heads, d])?;
+        let q = g.rope(q, cos, sin)?;
+        let k = g.f.reshape(k, [n, kv_heads, d])?;
+        let k = g.rope(k, cos, sin)?;
+        let v = g.f.reshape(v, [n, kv_heads, d])?;
+
+        let k_pool = write_and_read_pages(g, kv, k_pool, k, &inputs, b, context)?;
+        let v_pool = write_and_read_pages(g, kv, v_pool, v, &inputs, b, context)?;
+        new_pools.push(k_pool.0);
+        new_pools.push(v_pool.0);
+        let (keys, values) = (k_pool.1, v_pool.1);
+
+        // Scores [B, kvHeads, T, groups, C]: query head h uses KV head h / groups.
+        let q = g.f.reshape(q, [b, t, kv_heads, groups, d])?;
+        let scores = g.f.dot_general(
+            q,
+            keys,
+            &DotDims {
+                lhs_batch: vec![0, 2],
+                rhs_batch: vec![0, 2],
+                lhs_contract: vec![4],
+                rhs_contract: vec![3],
+            },
+            Some(Precision::Highest),
+            Some(DType::F32),
+        )?;
+        let scores = g.f.mul(scores, scale)?;
+        let scores = g.f.select(mask, scores, masked_value)?;
+        let max = g.f.reduce_max(scores, [4])?;
+        let max = g.f.broadcast_in_dim(max, scores_dims, [0, 1, 2, 3])?;
+        let shifted = g.f.sub(scores, max)?;
+        let exp = g.f.exp(shifted)?;
+        let sum = g.f.reduce_sum(exp, [4])?;
+        let sum = g.f.broadcast_in_dim(sum, scores_dims, [0, 1, 2, 3])?;
+        let probs = g.f.div(exp, sum)?;
+        // [B, kvHeads, T, groups, D] -> [B, T, kvHeads, groups, D] -> [N, heads * D].
+        let attended = g.f.dot_general(
+            probs,
+            values,
+            &DotDims {
+                lhs_batch: vec![0, 1],
+                rhs_batch: vec![0, 2],
+                lhs_contract: vec![4],
+                rhs_contract: vec![1],
+            },
+            Some(Precision::Highest),
+            Some(DType::F32),
+        )?;
+        let attended = g.f.transpose(attended, [0, 2, 1, 3, 4])?;
+        let attended = g.f.reshape(attended, [n, heads * d])?;
+        let o = g.linear(
+            attended,
+            &layer_slot(layer, LayerRole::O),
+            bias(layer, LayerRole::OBias, c.o_bias).as_deref(),
+        )?;
+        h = g.f.add(residual, o)?;
+
+        let residual = h;
+        let x = g.rms_norm(h, &layer_slot(layer, LayerRole::MlpNorm), c.rms_norm_eps)?;
+        let gate = g.linear(
+            x,
+            &layer_slot(layer, LayerRole::Gate),
+            bias(layer, LayerRole::GateBias, c.mlp_bias).as_deref(),
+        )?;
+        let up = g.linear(
+            x,
+            &layer_slot(layer, LayerRole::Up),
+            bias(layer, LayerRole::UpBias, c.mlp_bias).as_deref(),
+        )?;
+        let sigmoid = g.f.logistic(gate)?;
+        let silu = g.f.mul(gate, sigmoid)?;
+        let act = g.f.mul(silu, up)?;
+        let down = g.linear(
+            act,
+            &layer_slot(layer, LayerRole::Down),
+            bias(layer, LayerRole::DownBias, c.mlp_bias).as_deref(),
+        )?;
+        h = g.f.add(residual, down)?;
+    }
+
+    // The last real token of each row: the lowest t whose position is seqLen - 1.
+    let one = g.f.splat(Scalar::I32(1), [b])?;
+    let last_position = g.f.sub(inputs.seq_lens, one)?;
+    let last_position = g.f.broadcast_in_dim(last_position, [b, t], [0])?;
+    let is_last = g
+        .f
+        .compare(inputs.positions, CompareDirection::Eq, last_position)?;
+    let token_index = g.f.iota(i32_ty(&[b, t]), 1)?;
+    let past_end = g.f.splat(Scalar::I32(t as i32), [b, t])?;
+    let candidates = g.f.select(is_last, token_index, past_end)?;
+    let chosen = g.f.reduce_min(candidates, [1])?;
+    let chosen = g.f.broadcast_in_dim(chosen, [b, t], [0])?;
+    let one_hot = g.f.compare(token_index, CompareDirection::Eq, chosen)?;
+    let one_hot = g.f.broadcast_in_dim(one_hot, [b, t, hidden], [0, 1])?;
+    let h = g.f.reshape(h, [b, t, hidden])?;
+    let zeros = g.f.splat(Scalar::F32(0.0), [b, t, hidden])?;
+    let picked = g.f.select(one_hot, h, zeros)?;
+    let last = g.f.reduce_sum(picked, [1])?;
+
+    let last = g.rms_norm(last, FINAL_NORM_SLOT, c.rms_norm_eps)?;
+    let head = if c.tie_word_embeddings {
+        EMBEDDING_SLOT
+    } else {
+        LM_HEAD_SLOT
+    };
+    let logits = g.linear(last, head, None)?;
+    let (_, next_tokens) = g.f.argmax(logits, 1, DType::I32)?;
+
+    let mut results = vec![logits, next_tokens];
+    for (i, &(k_pool, v_pool)) in pools.iter().enumerate() {
+        g.f.donate(k_pool, results.len() + 2 * i)?;
+        g.f.donate(v_pool, results.len() + 2 * i + 1)?;
+    }
+    results.extend(new_pools);
+    let f = std::mem::replace(&mut g.f, FunctionBuilder::new("tlaloc_forward"));
+    f.finish(&results)
+}
+
+/// Writes `rows [N, kvHeads, D]` f32 into `pool` at `slotMapping` (one scatter over the batch)
+/// and reads each row's pages back by `blockTables` (one gather). Returns the updated pool and
+/// the keys or values of every row `[B, C, kvHeads, D]` in f32.
+fn write_and_read_pages(
+    g: &mut Graph,
+    kv: &KvCacheLayout,
+    pool: Value,
+    rows: Value,
+    inputs: &Inputs,
+    b: usize,
+    context: usize,
+) -> Result<(Value, Value), HloError> {
+    let (blocks, block_size, kv_heads, d) =
+        (kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim);
+    let rows = if g.pool == DType::F32 {
+        rows
+    } else {
+        g.f.convert(rows, g.pool)?
+    };
+    let flat = g.f.reshape(pool, [blocks * block_size, kv_heads, d])?;
+    let flat = g.f.scatter(
+        flat,
+        inputs.slot_mapping,
+        rows,
+        &ScatterSpec {
+            update_window_dims: vec![1, 2],
+            inserted_window_dims: vec![0],
+            scatter_dims_to_operand_dims: vec![0],
+            index_vector_dim: 1,
+            update: ScatterUpdate::Replace,
+            indices_are_sorted: false,
+            unique_indices: false,
+        },
+    )?;
+    let updated = g.f.reshape(flat, kv.pool_dims())?;
+    let pages = g.f.gather(
+        updated,
+        inputs.block_tables,
+        &GatherSpec {
+            offset_dims: vec![2, 3, 4],
+            collapsed_slice_dims: vec![0],
+            start_index_map: vec![0],
+            index_vector_dim: 2,
+            slice_sizes: vec![1, block_size, kv_heads, d],
+            indices_are_sorted: false,
+        },
+    )?;
+    let mut read = g.f.reshape(pages, [b, context, kv_heads, d])?;
+    if g.pool != DType::F32 {
+        read = g.f.convert(read, DType::F32)?;
+    }
+    Ok((updated, read))
+}
+
+fn hlo_dtype_unchecked(dtype: Dtype) -> DType {
+    match dtype {
+        Dtype::F32 => DType::F32,
+        Dtype::Bf16 => DType::Bf16,
+        Dtype::F16 => DType::F16,
+        Dtype::I32 => DType::I32,
+        Dtype::I8 => DType::I8,
+        Dtype::U8 => DType::U8,
+    }
+}
+
+/// The artifact dtype of a builder type, for signatures read off a built module.
+pub fn artifact_dtype(dtype: DType) -> Option<Dtype> {
+    Some(match dtype {
+        DType::F32 => Dtype::F32,
+        DType::Bf16 => Dtype::Bf16,
+        DType::F16 => Dtype::F16,
+        DType::I32 => Dtype::I32,
+        DType::I8 => Dtype::I8,
+        DType::U8 => Dtype::U8,
+        DType::I64 | DType::Pred => return None,
+    })
+}
