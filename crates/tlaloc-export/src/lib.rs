@@ -8,7 +8,9 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod gguf;
+pub mod graph;
 mod mapped;
 pub mod safetensors;
 pub mod tokenizer;
@@ -20,3 +22,4 @@ pub use checkpoint::{
 pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
 pub use error::{IngestError, Result};
 pub use tokenizer::TokenizerFiles;
+pub use export::{ExportError, ExportOptions, ExportProgress, ExportSummary, export};
