@@ -2,4 +2,6 @@
 
 mod engine_runs;
 mod fake;
+mod model_runs;
 mod scheduler_steps;
+mod toy;

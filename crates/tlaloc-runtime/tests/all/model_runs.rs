@@ -1,0 +1,237 @@
+//! The PJRT-backed model on every test plugin, over the toy artifact.
+
+use std::path::{Path, PathBuf};
+
+use tlaloc_pjrt::discovery::PluginRequest;
+use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_runtime::scheduler::Scheduler;
+use tlaloc_runtime::{
+    CompileMode, Engine, EntryKey, EntryKind, GenerateRequest, LoadOptions, Model, ModelExecutor,
+    SamplingParams, StepInputs,
+};
+
+use crate::toy::{self, BLOCK_SIZE, reference_generate};
+
+fn options(plugin: &Path, cache: Option<PathBuf>, compile: CompileMode) -> LoadOptions {
+    LoadOptions {
+        plugin: PluginRequest::Path(plugin.to_owned()),
+        verify: true,
+        compile,
+        compile_cache: cache,
+        gpu_memory_fraction: None,
+    }
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    (0..8u32)
+        .map(|i| {
+            (0..(1 + 2 * i))
+                .map(|k| (k * 11 + i * 5 + 1) % toy::VOCAB as u32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 15 allocatable pages of 4 tokens for eight sequences of up to 31 tokens: preemption.
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 16);
+    for plugin in test_plugin_paths() {
+        let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager))
+            .unwrap_or_else(|e| panic!("loading the toy artifact on {}: {e}", plugin.display()));
+        let max_tokens = 16;
+        let streams: Vec<_> = prompts()
+            .into_iter()
+            .map(|p| {
+                engine
+                    .submit(GenerateRequest::greedy(p, max_tokens))
+                    .unwrap()
+                    .1
+            })
+            .collect();
+        for (n, (p, mut events)) in prompts().iter().zip(streams).enumerate() {
+            let mut ids = Vec::new();
+            while let Some(event) = events.blocking_recv() {
+                match event {
+                    tlaloc_runtime::TokenEvent::Token { id, .. } => ids.push(id),
+                    tlaloc_runtime::TokenEvent::Finished { .. } => break,
+                    tlaloc_runtime::TokenEvent::Error { message } => {
+                        panic!("{}: prompt {n}: {message}", plugin.display())
+                    }
+                }
+            }
+            assert_eq!(
+                ids,
+                reference_generate(p, max_tokens),
+                "{}: prompt {n}",
+                plugin.display()
+            );
+        }
+        let stats = engine.stats();
+        assert!(
+            stats.preemptions_total > 0,
+            "{}: no preemption: {stats:?}",
+            plugin.display()
+        );
+        assert!(
+            stats.steps.decode_rows > stats.steps.decode_steps,
+            "{stats:?}"
+        );
+        assert_eq!(stats.kv_pages_used, 0);
+
+        // Sampling reads the logits back; at temperature 1e-3 the argmax of -|v - next| wins.
+        let cold = engine
+            .generate_blocking(GenerateRequest {
+                sampling: SamplingParams {
+                    temperature: 1e-3,
+                    seed: Some(1),
+                    ..SamplingParams::greedy()
+                },
+                logprobs: Some(1),
+                ..GenerateRequest::greedy(prompts()[5].clone(), 8)
+            })
+            .unwrap();
+        assert_eq!(
+            cold.token_ids,
+            reference_generate(&prompts()[5], 8),
+            "{}",
+            plugin.display()
+        );
+        engine.shutdown();
+    }
+}
+
+#[test]
+fn the_compile_cache_serves_a_second_start_with_the_same_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 32);
+    for plugin in test_plugin_paths() {
+        let cache = tmp.path().join(format!(
+            "cache-{}",
+            plugin.file_name().unwrap().to_string_lossy()
+        ));
+        let cold = Model::load(
+            &dir,
+            &options(&plugin, Some(cache.clone()), CompileMode::Eager),
+        )
+        .unwrap();
+        let cold_timings = cold.load_timings().unwrap();
+        let entries = cold.shape().entries.len();
+        assert_eq!(
+            (cold_timings.compiled, cold_timings.cache_hits),
+            (entries, 0)
+        );
+        drop(cold);
+        let warm = Model::load(&dir, &options(&plugin, Some(cache), CompileMode::Eager)).unwrap();
+        let warm_timings = warm.load_timings().unwrap();
+        assert_eq!(
+            (warm_timings.compiled, warm_timings.cache_hits),
+            (0, entries),
+            "{}",
+            plugin.display()
+        );
+        eprintln!(
+            "{}: start-up compile {:?} without the cache, {:?} with it ({entries} entries)",
+            plugin.display(),
+            cold_timings.compile,
+            warm_timings.compile
+        );
+        let engine = Engine::start(warm).unwrap();
+        let prompt = prompts()[6].clone();
+        let got = engine
+            .generate_blocking(GenerateRequest::greedy(prompt.clone(), 10))
+            .unwrap();
+        assert_eq!(got.token_ids, reference_generate(&prompt, 10));
+        engine.shutdown();
+    }
+}
+
+#[test]
+fn lazy_compilation_defers_every_entry_and_still_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 32);
+    for plugin in test_plugin_paths() {
+        let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
+        let timings = model.load_timings().unwrap();
+        assert_eq!(timings.compiled + timings.cache_hits, 0);
+        assert_eq!(timings.deferred, model.shape().entries.len());
+        let engine = Engine::start(model).unwrap();
+        let prompt = prompts()[7].clone();
+        let got = engine
+            .generate_blocking(GenerateRequest::greedy(prompt.clone(), 12))
+            .unwrap();
+        assert_eq!(got.token_ids, reference_generate(&prompt, 12));
+        engine.shutdown();
+    }
+}
+
+#[test]
+fn padded_rows_write_nothing_and_unowned_slots_stay_bit_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 32);
+    for plugin in test_plugin_paths() {
+        let mut model = Model::load(&dir, &options(&plugin, None, CompileMode::Eager)).unwrap();
+        let mut scheduler = Scheduler::new(model.shape()).unwrap();
+        // One real sequence through prefill, then a decode step on a B=4 entry (3 padded rows).
+        scheduler
+            .add(1, GenerateRequest::greedy(vec![3, 1, 4, 1, 5], 4))
+            .unwrap();
+        let prefill = scheduler.schedule().unwrap().unwrap();
+        let out = model.step(&prefill.entry, &prefill.inputs).unwrap();
+        scheduler.complete(&prefill, &out).unwrap();
+        let before: Vec<Vec<u8>> = (0..2).map(|i| model.read_pool(i).unwrap()).collect();
+
+        let entry = EntryKey {
+            kind: EntryKind::Decode,
+            batch: 4,
+            tokens: 1,
+            context: 16,
+        };
+        let live = scheduler.schedule().unwrap().unwrap();
+        assert_eq!(live.entry.kind, EntryKind::Decode);
+        let cols = 16 / BLOCK_SIZE;
+        let mut inputs = StepInputs {
+            token_ids: vec![0; 4],
+            positions: vec![0; 4],
+            block_tables: vec![0; 4 * cols],
+            seq_lens: vec![1; 4],
+            slot_mapping: vec![-1; 4],
+            want_logits: true,
+        };
+        let live_cols = live.entry.context / BLOCK_SIZE;
+        inputs.token_ids[0] = live.inputs.token_ids[0];
+        inputs.positions[0] = live.inputs.positions[0];
+        inputs.seq_lens[0] = live.inputs.seq_lens[0];
+        inputs.slot_mapping[0] = live.inputs.slot_mapping[0];
+        inputs.block_tables[..live_cols.min(cols)]
+            .copy_from_slice(&live.inputs.block_tables[..live_cols.min(cols)]);
+        let out = model.step(&entry, &inputs).unwrap();
+        let written = live.inputs.slot_mapping[0] as usize;
+        for (i, old) in before.iter().enumerate() {
+            let new = model.read_pool(i).unwrap();
+            for slot in 0..new.len() / 4 {
+                let (a, b) = (&old[slot * 4..slot * 4 + 4], &new[slot * 4..slot * 4 + 4]);
+                if slot == written {
+                    assert_ne!(
+                        a,
+                        b,
+                        "{}: pool {i}: the live slot {slot} was not written",
+                        plugin.display()
+                    );
+                } else {
+                    assert_eq!(a, b, "{}: pool {i}: slot {slot} changed", plugin.display());
+                }
+            }
+        }
+        // The live row's token is the reference's; the logits came back for all four rows.
+        let mut tokens = vec![3, 1, 4, 1, 5];
+        tokens.push(toy::reference_next(&tokens));
+        assert_eq!(out.next_tokens[0] as u32, toy::reference_next(&tokens));
+        assert_eq!(out.logits.as_ref().map(Vec::len), Some(4 * toy::VOCAB));
+    }
+}

@@ -1,0 +1,195 @@
+//! A toy artifact that follows the forward-program contract on a real plugin: one layer, one
+//! K/V head of width 1, K holding the token and V its position + 1. Each step scatters the new
+//! K/V at `slotMapping`, gathers each row's pages by `blockTables`, masks by `seqLens`, and
+//! returns `(Σ token·(position+1)) mod V` as the next token, with logits `-|v - next| · scale[v]`
+//! (so the argmax is the next token and a badly uploaded `scale` weight shows).
+//!
+//! `reference_next` computes the same number from the plain token list: a wrong slot, page,
+//! sequence length or a lost pool between steps changes the tokens.
+
+use std::path::Path;
+
+use tlaloc_artifact::{
+    ArtifactWriter, Dtype, Entry, FORMAT_VERSION, KvCacheLayout, Ladder, Manifest, ModelConfig,
+    PaddingContract, ProgramSignature, Provenance, SourceCheckpoint, SourceFile, TokenizerFiles,
+};
+
+pub const VOCAB: usize = 61;
+pub const BLOCK_SIZE: usize = 4;
+
+pub fn reference_next(tokens: &[u32]) -> u32 {
+    let sum: u64 = tokens
+        .iter()
+        .enumerate()
+        .map(|(p, t)| *t as u64 * (p as u64 + 1))
+        .sum();
+    (sum % VOCAB as u64) as u32
+}
+
+pub fn reference_generate(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    let mut tokens = prompt.to_vec();
+    for _ in 0..max_tokens {
+        tokens.push(reference_next(&tokens));
+    }
+    tokens[prompt.len()..].to_vec()
+}
+
+fn f32_hex(v: f32) -> String {
+    format!("0x{:08X}", v.to_bits())
+}
+
+/// The StableHLO text of one entry.
+pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
+    let bs = BLOCK_SIZE;
+    let cols = c / bs;
+    let ns = num_blocks * bs;
+    let v = VOCAB;
+    let bt = b * t;
+    let pool = format!("tensor<{num_blocks}x{bs}x1x1xf32>");
+    let scatter = |name: &str, pool_in: &str, updates: &str| {
+        format!(
+            r#"    %{name} = "stablehlo.scatter"(%{pool_in}, %arg4, %{updates}) ({{
+    ^bb0(%{name}_old: tensor<f32>, %{name}_new: tensor<f32>):
+      "stablehlo.return"(%{name}_new) : (tensor<f32>) -> ()
+    }}) {{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}} : (tensor<{ns}x1xf32>, tensor<{bt}xi32>, tensor<{bt}x1xf32>) -> tensor<{ns}x1xf32>
+"#
+        )
+    };
+    let gather = |name: &str, flat: &str| {
+        format!(
+            r#"    %{name}_pages = "stablehlo.reshape"(%{flat}) : (tensor<{ns}x1xf32>) -> tensor<{num_blocks}x{bs}xf32>
+    %{name}_g = "stablehlo.gather"(%{name}_pages, %arg2) {{dimension_numbers = #stablehlo.gather<offset_dims = [2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, {bs}>}} : (tensor<{num_blocks}x{bs}xf32>, tensor<{b}x{cols}xi32>) -> tensor<{b}x{cols}x{bs}xf32>
+    %{name} = "stablehlo.reshape"(%{name}_g) : (tensor<{b}x{cols}x{bs}xf32>) -> tensor<{b}x{c}xf32>
+"#
+        )
+    };
+    let mut s = String::new();
+    s += &format!(
+        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>, %arg1: tensor<{b}x{t}xi32>, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>, %arg4: tensor<{bt}xi32>, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 2 : i32}}, %arg7: {pool} {{tf.aliasing_output = 3 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, {pool}, {pool}) {{\n"
+    );
+    s += &format!(
+        r#"    %tokf = "stablehlo.convert"(%arg0) : (tensor<{b}x{t}xi32>) -> tensor<{b}x{t}xf32>
+    %ku = "stablehlo.reshape"(%tokf) : (tensor<{b}x{t}xf32>) -> tensor<{bt}x1xf32>
+    %one = "stablehlo.constant"() {{value = dense<1> : tensor<{b}x{t}xi32>}} : () -> tensor<{b}x{t}xi32>
+    %pos1 = "stablehlo.add"(%arg1, %one) : (tensor<{b}x{t}xi32>, tensor<{b}x{t}xi32>) -> tensor<{b}x{t}xi32>
+    %posf = "stablehlo.convert"(%pos1) : (tensor<{b}x{t}xi32>) -> tensor<{b}x{t}xf32>
+    %vu = "stablehlo.reshape"(%posf) : (tensor<{b}x{t}xf32>) -> tensor<{bt}x1xf32>
+    %kflat = "stablehlo.reshape"(%arg6) : ({pool}) -> tensor<{ns}x1xf32>
+    %vflat = "stablehlo.reshape"(%arg7) : ({pool}) -> tensor<{ns}x1xf32>
+"#
+    );
+    s += &scatter("k2", "kflat", "ku");
+    s += &scatter("v2", "vflat", "vu");
+    s += &format!(
+        r#"    %knew = "stablehlo.reshape"(%k2) : (tensor<{ns}x1xf32>) -> {pool}
+    %vnew = "stablehlo.reshape"(%v2) : (tensor<{ns}x1xf32>) -> {pool}
+"#
+    );
+    s += &gather("kc", "k2");
+    s += &gather("vc", "v2");
+    s += &format!(
+        r#"    %p = "stablehlo.iota"() {{iota_dimension = 1 : i64}} : () -> tensor<{b}x{c}xi32>
+    %lenb = "stablehlo.broadcast_in_dim"(%arg3) {{broadcast_dimensions = array<i64: 0>}} : (tensor<{b}xi32>) -> tensor<{b}x{c}xi32>
+    %valid = "stablehlo.compare"(%p, %lenb) {{compare_type = #stablehlo<comparison_type SIGNED>, comparison_direction = #stablehlo<comparison_direction LT>}} : (tensor<{b}x{c}xi32>, tensor<{b}x{c}xi32>) -> tensor<{b}x{c}xi1>
+    %prod = "stablehlo.multiply"(%kc, %vc) : (tensor<{b}x{c}xf32>, tensor<{b}x{c}xf32>) -> tensor<{b}x{c}xf32>
+    %zeros = "stablehlo.constant"() {{value = dense<{zero}> : tensor<{b}x{c}xf32>}} : () -> tensor<{b}x{c}xf32>
+    %masked = "stablehlo.select"(%valid, %prod, %zeros) : (tensor<{b}x{c}xi1>, tensor<{b}x{c}xf32>, tensor<{b}x{c}xf32>) -> tensor<{b}x{c}xf32>
+    %zero = "stablehlo.constant"() {{value = dense<{zero}> : tensor<f32>}} : () -> tensor<f32>
+    %sum = "stablehlo.reduce"(%masked, %zero) ({{
+    ^bb0(%ra: tensor<f32>, %rb: tensor<f32>):
+      %rs = "stablehlo.add"(%ra, %rb) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+      "stablehlo.return"(%rs) : (tensor<f32>) -> ()
+    }}) {{dimensions = array<i64: 1>}} : (tensor<{b}x{c}xf32>, tensor<f32>) -> tensor<{b}xf32>
+    %vocab = "stablehlo.constant"() {{value = dense<{vocab}> : tensor<{b}xf32>}} : () -> tensor<{b}xf32>
+    %r = "stablehlo.remainder"(%sum, %vocab) : (tensor<{b}xf32>, tensor<{b}xf32>) -> tensor<{b}xf32>
+    %next = "stablehlo.convert"(%r) : (tensor<{b}xf32>) -> tensor<{b}xi32>
+    %iv = "stablehlo.iota"() {{iota_dimension = 1 : i64}} : () -> tensor<{b}x{v}xf32>
+    %rb2 = "stablehlo.broadcast_in_dim"(%r) {{broadcast_dimensions = array<i64: 0>}} : (tensor<{b}xf32>) -> tensor<{b}x{v}xf32>
+    %d = "stablehlo.subtract"(%iv, %rb2) : (tensor<{b}x{v}xf32>, tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
+    %ad = "stablehlo.abs"(%d) : (tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
+    %sb = "stablehlo.broadcast_in_dim"(%arg5) {{broadcast_dimensions = array<i64: 1>}} : (tensor<{v}xf32>) -> tensor<{b}x{v}xf32>
+    %m = "stablehlo.multiply"(%ad, %sb) : (tensor<{b}x{v}xf32>, tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
+    %logits = "stablehlo.negate"(%m) : (tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
+    "func.return"(%logits, %next, %knew, %vnew) : (tensor<{b}x{v}xf32>, tensor<{b}xi32>, {pool}, {pool}) -> ()
+  }}
+}}
+"#,
+        zero = f32_hex(0.0),
+        vocab = f32_hex(VOCAB as f32),
+    );
+    s
+}
+
+fn model_config() -> ModelConfig {
+    ModelConfig {
+        architecture: "LlamaForCausalLM".into(),
+        hidden_size: 1,
+        intermediate_size: 1,
+        num_layers: 1,
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 1,
+        vocab_size: VOCAB,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        tied_embeddings: true,
+        attention_bias: false,
+        max_position_embeddings: 32,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    }
+}
+
+/// Writes the toy artifact with a pool of `num_blocks` pages into `dir`.
+pub fn write(dir: &Path, num_blocks: usize) {
+    let mut writer = ArtifactWriter::create(dir).expect("create the toy artifact");
+    let scale: Vec<u8> = (0..VOCAB).flat_map(|_| 1.0f32.to_le_bytes()).collect();
+    let weight = writer
+        .write_weight(0, "scale", Dtype::F32, &[VOCAB], &scale)
+        .expect("write weight");
+    let ladder = Ladder {
+        max_batch: 4,
+        max_context: 32,
+        block_size: BLOCK_SIZE,
+        batch_buckets: vec![1, 2, 4],
+        context_buckets: vec![16, 32],
+        prefill_chunks: vec![4, 8],
+    };
+    let mut manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        model: model_config(),
+        dtype: Dtype::F32,
+        kv_cache: KvCacheLayout::for_model(&model_config(), Dtype::F32, BLOCK_SIZE, num_blocks),
+        ladder: ladder.clone(),
+        entries: Vec::new(),
+        padding: PaddingContract::CONTRACT,
+        weights: vec![weight],
+        tokenizer: TokenizerFiles {
+            files: vec![],
+            chat_template: None,
+        },
+        provenance: Provenance {
+            source: SourceCheckpoint {
+                kind: "toy".into(),
+                files: vec![SourceFile {
+                    name: "none".into(),
+                    sha256: "0".repeat(64),
+                }],
+            },
+            exporter: "runtime tests".into(),
+            options: serde_json::json!({}),
+        },
+    };
+    for point in ladder.points() {
+        let text = body(point.batch, point.tokens, point.context, num_blocks);
+        let path = writer.write_body(&text).expect("write body");
+        manifest.entries.push(Entry::new(point, path));
+    }
+    for entry in &manifest.entries {
+        writer
+            .write_program(&ProgramSignature::expected_for(&manifest, entry))
+            .expect("write program");
+    }
+    writer.finish(&manifest).expect("finish the toy artifact");
+}
