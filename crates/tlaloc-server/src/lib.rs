@@ -1,1 +1,117 @@
-//! OpenAI-compatible HTTP server over the runtime engine.
+//! OpenAI-compatible HTTP server over the runtime engine: `/v1/completions`,
+//! `/v1/chat/completions` (with SSE streaming), `/v1/models`, `/tokenize`, `/detokenize`,
+//! `/health`, `/ready` and `/metrics`.
+//!
+//! The server listens before the model is loaded (`/ready` answers 503 until it is), bounds the
+//! sequences it holds (429 past the queue), aborts the sequences of a client that went away, and
+//! on SIGTERM or ctrl-c stops accepting, finishes what is in flight, and stops the engine.
+
+pub mod chat;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod protocol;
+pub mod routes;
+pub mod state;
+pub mod text;
+
+use std::future::Future;
+
+use thiserror::Error;
+use tlaloc_runtime::EngineHandle;
+use tokio::net::TcpListener;
+
+pub use error::ApiError;
+pub use routes::router;
+pub use state::{AppState, ModelText, ModelTextError, ServerConfig, SharedState};
+
+/// The server could not run.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The model did not load.
+    #[error("the model failed to load: {0}")]
+    Load(String),
+    /// The listener failed.
+    #[error("the HTTP listener failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves `state` on `listener`: loads the engine with `load` on a blocking thread meanwhile,
+/// and returns once `shutdown` resolves and everything in flight has finished (or at once with
+/// an error when loading fails).
+pub async fn serve<L, S>(
+    listener: TcpListener,
+    state: SharedState,
+    load: L,
+    shutdown: S,
+) -> Result<(), ServeError>
+where
+    L: FnOnce() -> Result<EngineHandle, String> + Send + 'static,
+    S: Future<Output = ()> + Send + 'static,
+{
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    let loading_state = state.clone();
+    tokio::spawn(async move {
+        match tokio::task::spawn_blocking(load).await {
+            Ok(Ok(engine)) => {
+                loading_state.set_engine(engine);
+                tracing::info!("model loaded; ready");
+            }
+            Ok(Err(e)) => {
+                let _ = failed_tx.send(e);
+            }
+            Err(e) => {
+                let _ = failed_tx.send(format!("the loading thread failed: {e}"));
+            }
+        }
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+    let stopping_state = state.clone();
+    tokio::spawn(async move {
+        let why = tokio::select! {
+            () = shutdown => None,
+            Ok(e) = failed_rx => Some(e),
+        };
+        stopping_state.set_stopping();
+        tracing::info!("stopping: no new connections; finishing requests in flight");
+        let _ = stop_tx.send(Some(why.unwrap_or_default()));
+    });
+    let mut stop_wait = stop_rx.clone();
+    axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(async move {
+            let _ = stop_wait.wait_for(|s| s.is_some()).await;
+        })
+        .await?;
+    if let Some(engine) = state.engine().cloned() {
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+    }
+    match stop_rx.borrow().clone() {
+        Some(why) if !why.is_empty() => Err(ServeError::Load(why)),
+        _ => Ok(()),
+    }
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,323 @@
+//! One request's generation: its `n` engine sequences, their merged token streams, incremental
+//! detokenization and stop strings per choice, and the guard that aborts every sequence still
+//! running when the request is dropped (a client that went away drops the handler's future or
+//! the response stream, and with it this guard).
+
+use std::time::Instant;
+
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use tlaloc_runtime::{
+    EngineError, EngineHandle, FinishReason, RequestId, TokenEvent, scheduler::Refusal,
+};
+use tracing::Span;
+
+use crate::error::ApiError;
+use crate::protocol::Checked;
+use crate::state::{Admission, SharedState};
+use crate::text::{IncrementalDecoder, StopMatcher};
+
+/// One token's log-probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The chosen token.
+    pub id: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What one event of one choice produced.
+#[derive(Debug, Clone, Default)]
+pub struct Piece {
+    /// The choice.
+    pub index: usize,
+    /// Text now safe to send (may be empty).
+    pub text: String,
+    /// Log-probabilities of the tokens this piece consumed (when asked for).
+    pub logprobs: Vec<TokenLogprob>,
+    /// Set on the choice's last piece: `stop`, `length` or `abort`.
+    pub finish: Option<&'static str>,
+}
+
+#[derive(Debug)]
+struct Choice {
+    engine_id: RequestId,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    tokens: usize,
+    last_token_at: Option<Instant>,
+    finish: Option<&'static str>,
+}
+
+/// Aborts every sequence of a request still in the engine when dropped.
+#[derive(Debug)]
+struct AbortGuard {
+    engine: EngineHandle,
+    ids: Vec<RequestId>,
+    finished: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            for &id in &self.ids {
+                self.engine.abort(id);
+            }
+        }
+    }
+}
+
+/// A running request.
+pub struct Generation {
+    state: SharedState,
+    choices: Vec<Choice>,
+    events: SelectAll<BoxStream<'static, (usize, TokenEvent)>>,
+    guard: AbortGuard,
+    _admission: Admission,
+    started: Instant,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Whether log-probabilities were asked for.
+    pub wants_logprobs: bool,
+    /// The response id (also the request id in logs).
+    pub id: String,
+    span: Span,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("id", &self.id)
+            .field("choices", &self.choices)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Maps an engine refusal to a 400 naming the field that caused it.
+pub fn engine_error(error: EngineError, prompt_field: &str, max_field: &str) -> ApiError {
+    match error {
+        EngineError::Refused(refusal) => {
+            let param = match &refusal {
+                Refusal::EmptyPrompt | Refusal::TokenOutOfVocabulary { .. } => prompt_field,
+                Refusal::ContextTooLong { .. } | Refusal::PoolTooSmall { .. } => max_field,
+                Refusal::ZeroMaxTokens => max_field,
+                Refusal::Sampling(s) => s.field,
+                Refusal::TooManyLogprobs { .. } => "logprobs",
+            };
+            let code = match refusal {
+                Refusal::ContextTooLong { .. } => Some("context_length_exceeded"),
+                _ => None,
+            };
+            let mut e = ApiError::invalid(param, refusal.to_string());
+            e.code = code;
+            e
+        }
+        EngineError::Stopped => ApiError::not_ready("the engine is stopped"),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+impl Generation {
+    /// Admits and submits `checked.n` sequences.
+    pub fn start(
+        state: &SharedState,
+        engine: &EngineHandle,
+        checked: &Checked,
+        id: String,
+        fields: (&str, &str),
+    ) -> Result<Self, ApiError> {
+        let admission = state.admit(engine, checked.n)?;
+        let span = tracing::info_span!("request", id = %id);
+        let mut guard = AbortGuard {
+            engine: engine.clone(),
+            ids: Vec::new(),
+            finished: false,
+        };
+        let mut choices = Vec::new();
+        let mut events = SelectAll::new();
+        for index in 0..checked.n {
+            let mut request = checked.request.clone();
+            if let Some(seed) = request.sampling.seed.as_mut() {
+                *seed = seed.wrapping_add(index as u64);
+            }
+            let (engine_id, mut rx) = engine
+                .submit(request)
+                .map_err(|e| engine_error(e, fields.0, fields.1))?;
+            guard.ids.push(engine_id);
+            choices.push(Choice {
+                engine_id,
+                decoder: IncrementalDecoder::default(),
+                stop: StopMatcher::new(checked.stop.clone()),
+                tokens: 0,
+                last_token_at: None,
+                finish: None,
+            });
+            events.push(
+                stream::poll_fn(move |cx| rx.poll_recv(cx))
+                    .map(move |e| (index, e))
+                    .boxed(),
+            );
+        }
+        let prompt_tokens = checked.request.prompt_ids.len();
+        span.in_scope(|| {
+            tracing::info!(
+                prompt_tokens,
+                n = checked.n,
+                max_tokens = ?checked.request.max_tokens,
+                stream = checked.stream,
+                engine_ids = ?guard.ids,
+                "accepted"
+            )
+        });
+        Ok(Generation {
+            state: state.clone(),
+            choices,
+            events,
+            guard,
+            _admission: admission,
+            started: Instant::now(),
+            prompt_tokens,
+            wants_logprobs: checked.request.logprobs.is_some(),
+            id,
+            span,
+        })
+    }
+
+    /// Tokens generated so far, all choices.
+    pub fn completion_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.tokens).sum()
+    }
+
+    /// The next piece, `None` when every choice has finished.
+    pub async fn next_piece(&mut self) -> Option<Result<Piece, ApiError>> {
+        loop {
+            if self.choices.iter().all(|c| c.finish.is_some()) {
+                if !self.guard.finished {
+                    self.guard.finished = true;
+                    self.log_finished();
+                }
+                return None;
+            }
+            let Some((index, event)) = self.events.next().await else {
+                return Some(Err(ApiError::internal(
+                    "the engine stopped before the request finished",
+                )));
+            };
+            if let Some(piece) = self.apply(index, event) {
+                return Some(piece);
+            }
+        }
+    }
+
+    fn apply(&mut self, index: usize, event: TokenEvent) -> Option<Result<Piece, ApiError>> {
+        let state = &self.state;
+        let codec = &state.text.codec;
+        let choice = &mut self.choices[index];
+        if choice.finish.is_some() {
+            return None;
+        }
+        let mut piece = Piece {
+            index,
+            ..Piece::default()
+        };
+        match event {
+            TokenEvent::Token {
+                id,
+                logprob,
+                top_logprobs,
+            } => {
+                let now = Instant::now();
+                match choice.last_token_at {
+                    None => state.metrics.observe_ttft(now - self.started),
+                    Some(t) => state.metrics.observe_itl(now - t),
+                }
+                choice.last_token_at = Some(now);
+                choice.tokens += 1;
+                if let Some(logprob) = logprob {
+                    piece.logprobs.push(TokenLogprob {
+                        id,
+                        logprob,
+                        top: top_logprobs,
+                    });
+                }
+                let text = match choice.decoder.push(codec, id) {
+                    Ok(t) => t,
+                    Err(e) => return Some(Err(ApiError::internal(e.to_string()))),
+                };
+                let matched = choice.stop.push(&text);
+                piece.text = matched.text;
+                if matched.stopped {
+                    self.guard.engine.abort(choice.engine_id);
+                    self.finish_choice(index, "stop");
+                    piece.finish = Some("stop");
+                }
+            }
+            TokenEvent::Finished { reason, .. } => {
+                let rest = match choice.decoder.flush(codec) {
+                    Ok(t) => t,
+                    Err(e) => return Some(Err(ApiError::internal(e.to_string()))),
+                };
+                let matched = choice.stop.push(&rest);
+                piece.text = matched.text;
+                if !matched.stopped {
+                    piece.text.push_str(&choice.stop.finish());
+                }
+                let reason = if matched.stopped {
+                    "stop"
+                } else {
+                    match reason {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                        FinishReason::Abort => "abort",
+                    }
+                };
+                self.finish_choice(index, reason);
+                piece.finish = Some(reason);
+            }
+            TokenEvent::Error { message } => {
+                self.finish_choice(index, "error");
+                return Some(Err(ApiError::internal(message)));
+            }
+        }
+        Some(Ok(piece))
+    }
+
+    fn finish_choice(&mut self, index: usize, reason: &'static str) {
+        self.choices[index].finish = Some(reason);
+        let reason = match reason {
+            "stop" => "stop",
+            "length" => "length",
+            "abort" => "abort",
+            _ => "error",
+        };
+        self.state
+            .metrics
+            .observe_finished(reason, self.started.elapsed());
+    }
+
+    fn log_finished(&self) {
+        let reasons: Vec<&str> = self.choices.iter().filter_map(|c| c.finish).collect();
+        self.span.in_scope(|| {
+            tracing::info!(
+                completion_tokens = self.completion_tokens(),
+                finish = ?reasons,
+                elapsed_ms = self.started.elapsed().as_millis() as u64,
+                "finished"
+            )
+        });
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.guard.finished {
+            self.span.in_scope(|| {
+                tracing::info!(
+                    completion_tokens = self.completion_tokens(),
+                    "client gone before the end; aborting its sequences"
+                )
+            });
+        }
+    }
+}
