@@ -20,6 +20,7 @@ use thiserror::Error;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTimings};
+use crate::model::Platform;
 use crate::scheduler::{
     self, Finish, FinishReason, GenerateRequest, Ladder, LadderError, Refusal, RequestId,
     RequestTimings, Scheduler, TokenUpdate, Usage,
@@ -157,6 +158,7 @@ struct Shared {
     limits: Limits,
     shape: ModelShape,
     load_timings: Option<LoadTimings>,
+    platform: Option<Platform>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -168,6 +170,13 @@ impl std::fmt::Debug for Command {
             Command::Shutdown => f.write_str("Shutdown"),
         }
     }
+}
+
+/// What the engine thread reports once the executor is built.
+struct Ready {
+    shape: ModelShape,
+    load_timings: Option<LoadTimings>,
+    platform: Option<Platform>,
 }
 
 /// Starts engine threads.
@@ -200,8 +209,7 @@ impl Engine {
         F: FnOnce() -> Result<E, Err> + Send + 'static,
         Err: std::fmt::Display,
     {
-        let (ready_tx, ready_rx) =
-            mpsc::channel::<Result<(ModelShape, Option<LoadTimings>), EngineError>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Ready, EngineError>>();
         let (command_tx, command_rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let thread_stats = Arc::clone(&stats);
@@ -222,7 +230,11 @@ impl Engine {
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok((executor.shape().clone(), executor.load_timings())));
+                let _ = ready_tx.send(Ok(Ready {
+                    shape: executor.shape().clone(),
+                    load_timings: executor.load_timings(),
+                    platform: executor.platform(),
+                }));
                 let mut actor = Actor {
                     executor,
                     scheduler,
@@ -233,7 +245,11 @@ impl Engine {
                 actor.run(command_rx);
             })
             .map_err(|e| EngineError::Load(format!("cannot start the engine thread: {e}")))?;
-        let (shape, load_timings) = match ready_rx.recv() {
+        let Ready {
+            shape,
+            load_timings,
+            platform,
+        } = match ready_rx.recv() {
             Ok(Ok(ready)) => ready,
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -261,6 +277,7 @@ impl Engine {
             },
             shape,
             load_timings,
+            platform,
             thread: Mutex::new(Some(thread)),
         };
         Ok(EngineHandle {
@@ -329,6 +346,11 @@ impl EngineHandle {
     /// Where start-up time went (when the executor measured it).
     pub fn load_timings(&self) -> Option<&LoadTimings> {
         self.shared.load_timings.as_ref()
+    }
+
+    /// The plugin and device the model runs on (none for a test executor).
+    pub fn platform(&self) -> Option<&Platform> {
+        self.shared.platform.as_ref()
     }
 
     /// Stops taking requests, lets the queued and running ones finish, then ends the engine

@@ -179,6 +179,11 @@ pub trait ModelExecutor {
         None
     }
 
+    /// The plugin and device it runs on, when it runs on one.
+    fn platform(&self) -> Option<crate::model::Platform> {
+        None
+    }
+
     /// Runs `entry` on `inputs`; the K/V pools are updated in place (on the device).
     fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError>;
 }

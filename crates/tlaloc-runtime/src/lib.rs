@@ -19,7 +19,7 @@ pub use executor::{
     EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape, StepInputs, StepOutput,
     StepTimings,
 };
-pub use model::{CompileMode, LoadError, LoadOptions, Model};
+pub use model::{CompileMode, LoadError, LoadOptions, Model, Platform};
 pub use sampling::{Sampled, SamplingParams};
 pub use scheduler::GenerateRequest;
 pub use scheduler::{FinishReason, RequestId, StopParams, Usage};

@@ -514,6 +514,10 @@ impl ModelExecutor for Model {
         Some(self.load_timings.clone())
     }
 
+    fn platform(&self) -> Option<Platform> {
+        Some(self.platform.clone())
+    }
+
     fn step(&mut self, key: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
         if !self.entries.contains_key(key) {
             return Err(ExecutorError::UnknownEntry(*key));
