@@ -305,19 +305,7 @@ impl Sampler {
             order.retain(|&i| weight(i) >= floor);
         }
         if self.params.top_p < 1.0 {
-            order.sort_unstable_by(by_value_desc);
-            let total: f64 = order.iter().map(|&i| weight(i)).sum();
-            let target = self.params.top_p as f64 * total;
-            let mut mass = 0.0;
-            let mut keep = order.len();
-            for (n, &i) in order.iter().enumerate() {
-                mass += weight(i);
-                if mass >= target {
-                    keep = n + 1;
-                    break;
-                }
-            }
-            order.truncate(keep);
+            nucleus(order, self.params.top_p as f64, weight, by_value_desc);
         }
 
         let total: f64 = order.iter().map(|&i| weight(i)).sum();
@@ -332,6 +320,40 @@ impl Sampler {
         *order
             .last()
             .expect("the most likely token always survives the cuts")
+    }
+}
+
+/// Cuts `order` to the smallest most-likely prefix whose weight reaches `top_p` of the total,
+/// sorted most likely first. Instead of sorting the whole vocabulary, it selects the best `k`
+/// (linear time), growing `k` until they hold the mass, and sorts only those.
+fn nucleus(
+    order: &mut Vec<u32>,
+    top_p: f64,
+    weight: impl Fn(u32) -> f64,
+    by_value_desc: impl Fn(&u32, &u32) -> std::cmp::Ordering,
+) {
+    let total: f64 = order.iter().map(|&i| weight(i)).sum();
+    let target = top_p * total;
+    let mut k = 64.min(order.len());
+    loop {
+        if k < order.len() {
+            order.select_nth_unstable_by(k - 1, &by_value_desc);
+        }
+        let head_mass: f64 = order[..k].iter().map(|&i| weight(i)).sum();
+        if head_mass >= target || k == order.len() {
+            break;
+        }
+        k = (k * 8).min(order.len());
+    }
+    order.truncate(k);
+    order.sort_unstable_by(&by_value_desc);
+    let mut mass = 0.0;
+    for (n, &i) in order.iter().enumerate() {
+        mass += weight(i);
+        if mass >= target {
+            order.truncate(n + 1);
+            return;
+        }
     }
 }
 
@@ -514,6 +536,38 @@ mod tests {
             } else {
                 assert_eq!(c, 0, "token {i} outside the {top_p} nucleus was drawn");
             }
+        }
+    }
+
+    #[test]
+    fn the_nucleus_of_a_large_vocabulary_equals_the_full_sort() {
+        // A vocabulary far larger than the first selection, with a peaked and a flat tail.
+        let values: Vec<f32> = (0..20_000u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) % 10_007) as f32) / 900.0)
+            .collect();
+        let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weight = |i: u32| ((values[i as usize] - max) as f64).exp();
+        let by_value_desc = |a: &u32, b: &u32| {
+            values[*b as usize]
+                .total_cmp(&values[*a as usize])
+                .then(a.cmp(b))
+        };
+        for top_p in [0.01, 0.3, 0.9, 0.999] {
+            let mut sorted: Vec<u32> = (0..values.len() as u32).collect();
+            sorted.sort_by(by_value_desc);
+            let total: f64 = sorted.iter().map(|&i| weight(i)).sum();
+            let mut mass = 0.0;
+            let keep = sorted
+                .iter()
+                .position(|&i| {
+                    mass += weight(i);
+                    mass >= top_p * total
+                })
+                .unwrap()
+                + 1;
+            let mut order: Vec<u32> = (0..values.len() as u32).collect();
+            nucleus(&mut order, top_p, weight, by_value_desc);
+            assert_eq!(order, sorted[..keep], "top_p {top_p}");
         }
     }
 
