@@ -48,6 +48,12 @@ impl std::fmt::Display for EntryKey {
 }
 
 /// The inputs of one step, row-major, exactly as the forward-program contract names them.
+///
+/// A live row's real tokens are left-aligned; its padding tokens (a prefill chunk shorter than
+/// T) have token 0, position 0 and slot -1. `seqLens[b]` is the row's context length after the
+/// step, so the last real token, whose logits the program returns, sits at index
+/// `seqLens[b] - 1 - positions[b, 0]`. Dead rows follow the padding contract (tokenIds 0,
+/// positions 0, blockTables 0, seqLens 1, slotMapping -1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepInputs {
     /// `[B, T]`.

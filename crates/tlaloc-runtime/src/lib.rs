@@ -16,10 +16,11 @@ pub use engine::{
     Engine, EngineError, EngineHandle, EngineStats, GenerateResult, StepStats, TokenEvent,
 };
 pub use executor::{
-    EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape, StepInputs, StepOutput,
-    StepTimings,
+    EntryKey, EntryKind, ExecutorError, LoadTimings, ModelExecutor, ModelShape, StepInputs,
+    StepOutput, StepTimings,
 };
 pub use model::{CompileMode, LoadError, LoadOptions, Model, Platform};
 pub use sampling::{Sampled, SamplingParams};
-pub use scheduler::GenerateRequest;
-pub use scheduler::{FinishReason, RequestId, StopParams, Usage};
+pub use scheduler::{
+    FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, StopParams, Usage,
+};
