@@ -21,5 +21,5 @@ pub use checkpoint::{
 };
 pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
 pub use error::{IngestError, Result};
-pub use tokenizer::TokenizerFiles;
 pub use export::{ExportError, ExportOptions, ExportProgress, ExportSummary, export};
+pub use tokenizer::TokenizerFiles;
