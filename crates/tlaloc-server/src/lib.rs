@@ -115,3 +115,20 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
 }
+
+/// Binds `host:port` and runs [`serve`] on a runtime of its own until ctrl-c or SIGTERM (for
+/// callers without an async runtime, such as the CLI).
+pub fn run_blocking<L>(host: &str, port: u16, state: SharedState, load: L) -> Result<(), ServeError>
+where
+    L: FnOnce() -> Result<EngineHandle, String> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tlaloc-http")
+        .build()?;
+    runtime.block_on(async move {
+        let listener = TcpListener::bind((host, port)).await?;
+        tracing::info!(address = %listener.local_addr()?, "listening");
+        serve(listener, state, load, shutdown_signal()).await
+    })
+}

@@ -78,6 +78,12 @@ impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
                 )
             }
         })?;
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(ApiError::invalid(
+                "body",
+                "malformed JSON body: the request body must be a JSON object",
+            ));
+        }
         let de = &mut serde_json::Deserializer::from_slice(&bytes);
         serde_path_to_error::deserialize(de)
             .map(ApiJson)
@@ -95,8 +101,8 @@ impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
                     .map(str::to_owned);
                 let param = match named {
                     Some(field) if path == "." => field,
-                    Some(field) => format!("{path}.{field}"),
-                    None => path,
+                    Some(field) if !path.ends_with(field.as_str()) => format!("{path}.{field}"),
+                    _ => path,
                 };
                 ApiError::invalid(param.clone(), format!("field `{param}` refused: {message}"))
             })

@@ -19,6 +19,8 @@ enum Command {
     /// Install, list and check PJRT plugins.
     #[command(subcommand)]
     Plugin(cmd::plugin::PluginCommand),
+    /// Serve an artifact over the OpenAI HTTP API.
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,5 +34,6 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Plugin(command) => cmd::plugin::run(command),
+        Command::Serve(args) => cmd::serve::run(args),
     }
 }

@@ -1,3 +1,4 @@
 //! One module per subcommand.
 
 pub mod plugin;
+pub mod serve;

@@ -1,0 +1,148 @@
+//! A scripted model for route tests: a row's next token is the `seqLens`-th token of a fixed
+//! sentence (cycled), so what any request generates is known from its prompt length alone, and
+//! the reference text is the tokenizer's own decoding of those ids. Logits put all mass on
+//! that token, so sampling and log-probabilities agree with greedy decoding.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tlaloc_runtime::{
+    Engine, EngineHandle, EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape,
+    StepInputs, StepOutput, StepTimings,
+};
+use tlaloc_server::{AppState, ModelText, ServerConfig, SharedState};
+
+pub const BLOCK_SIZE: usize = 16;
+pub const NUM_BLOCKS: usize = 33;
+pub const MAX_CONTEXT: usize = 128;
+pub const SENTENCE: &str =
+    " The quick brown fox jumps over the lazy dog, and the café owner says hello. Then";
+
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    workspace()
+        .join("tests/data/fixtures/tiny-llama-tied")
+        .join(name)
+}
+
+pub fn model_text() -> ModelText {
+    let template = std::fs::read_to_string(fixture("chat_template.jinja"))
+        .expect("the tiny-llama-tied fixture is in the repository");
+    ModelText::new(
+        &fixture("tokenizer.json"),
+        Some(template),
+        "<|im_start|>".into(),
+        "<|im_end|>".into(),
+    )
+    .expect("the fixture's tokenizer and template load")
+}
+
+/// The sentence's ids under the fixture's tokenizer.
+pub fn sentence_ids(text: &ModelText) -> Vec<u32> {
+    text.codec.encode(SENTENCE, false).expect("encode")
+}
+
+/// The ids the fake generates after a prompt of `prompt_len` tokens.
+pub fn reference_ids(sentence: &[u32], prompt_len: usize, count: usize) -> Vec<u32> {
+    (prompt_len..prompt_len + count)
+        .map(|p| sentence[p % sentence.len()])
+        .collect()
+}
+
+#[derive(Debug)]
+pub struct ScriptedModel {
+    shape: ModelShape,
+    sentence: Vec<u32>,
+    step_delay: Duration,
+}
+
+impl ModelExecutor for ScriptedModel {
+    fn shape(&self) -> &ModelShape {
+        &self.shape
+    }
+
+    fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
+        std::thread::sleep(self.step_delay);
+        let vocab = self.shape.vocab_size;
+        let next: Vec<i32> = inputs
+            .seq_lens
+            .iter()
+            .map(|&len| self.sentence[len as usize % self.sentence.len()] as i32)
+            .collect();
+        let logits = inputs.want_logits.then(|| {
+            let mut l = vec![0.0f32; entry.batch * vocab];
+            for (row, &t) in next.iter().enumerate() {
+                l[row * vocab + t as usize] = 30.0;
+            }
+            l
+        });
+        Ok(StepOutput {
+            next_tokens: next,
+            logits,
+            timings: StepTimings::default(),
+        })
+    }
+}
+
+pub fn entries(decode_batches: &[usize]) -> Vec<EntryKey> {
+    let mut e = Vec::new();
+    for context in [64, MAX_CONTEXT] {
+        for &batch in decode_batches {
+            e.push(EntryKey {
+                kind: EntryKind::Decode,
+                batch,
+                tokens: 1,
+                context,
+            });
+        }
+        e.push(EntryKey {
+            kind: EntryKind::Prefill,
+            batch: 1,
+            tokens: 16,
+            context,
+        });
+    }
+    e
+}
+
+pub struct Harness {
+    pub state: SharedState,
+    pub engine: EngineHandle,
+    pub sentence: Vec<u32>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.engine.shutdown();
+    }
+}
+
+pub fn harness(config: ServerConfig, decode_batches: &[usize], step_delay: Duration) -> Harness {
+    let text = model_text();
+    let sentence = sentence_ids(&text);
+    let model = ScriptedModel {
+        shape: ModelShape {
+            vocab_size: text.codec.vocab_size(),
+            block_size: BLOCK_SIZE,
+            num_blocks: NUM_BLOCKS,
+            entries: entries(decode_batches),
+            eos_token_ids: vec![text.codec.token_id("<|im_end|>").expect("eos")],
+            weight_bytes: 0,
+            kv_bytes_per_token: 0,
+        },
+        sentence: sentence.clone(),
+        step_delay,
+    };
+    let engine = Engine::start(model).expect("the scripted engine starts");
+    let state = AppState::new(config, text);
+    state.set_engine(engine.clone());
+    Harness {
+        state: Arc::clone(&state),
+        engine,
+        sentence,
+    }
+}

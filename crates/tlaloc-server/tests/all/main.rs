@@ -1,0 +1,5 @@
+//! The server's integration tests, linked into one binary.
+
+mod fake;
+mod routes;
+mod text;

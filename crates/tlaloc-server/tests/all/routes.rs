@@ -1,0 +1,567 @@
+//! Routes against the scripted engine: what is generated must be the tokenizer's decoding of
+//! the ids the script produces; every refusal must carry its status and name its field.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tlaloc_server::{AppState, ServerConfig, router};
+use tower::ServiceExt;
+
+use crate::fake::{Harness, harness, model_text, reference_ids};
+
+fn config() -> ServerConfig {
+    ServerConfig::new("tiny")
+}
+
+fn quick() -> Harness {
+    harness(config(), &[1, 2, 4], Duration::ZERO)
+}
+
+fn post(path: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .expect("request")
+}
+
+async fn send(h: &Harness, req: Request<Body>) -> Response<Body> {
+    router(h.state.clone())
+        .oneshot(req)
+        .await
+        .expect("infallible")
+}
+
+async fn json_of(response: Response<Body>) -> Value {
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+async fn call(h: &Harness, path: &str, body: Value) -> (StatusCode, Value) {
+    let response = send(h, post(path, body.to_string())).await;
+    let status = response.status();
+    (status, json_of(response).await)
+}
+
+fn decode(h: &Harness, ids: &[u32]) -> String {
+    h.state.text.codec.decode(ids, true).expect("decode")
+}
+
+fn prompt_len(h: &Harness, text: &str) -> usize {
+    h.state.text.codec.encode(text, true).expect("encode").len()
+}
+
+/// Every 400 names its field, with an OpenAI-style body.
+#[tokio::test]
+async fn every_invalid_field_is_refused_with_400_naming_it() {
+    let h = quick();
+    let ok = json!({"model": "tiny", "prompt": "Hello", "max_tokens": 4});
+    let with = |k: &str, v: Value| {
+        let mut b = ok.clone();
+        b[k] = v;
+        b
+    };
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/v1/completions", with("model", json!("other")), "model"),
+        (
+            "/v1/completions",
+            with("max_tokens", json!(0)),
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            with("max_tokens", json!(1000)),
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            with("temperature", json!(-1)),
+            "temperature",
+        ),
+        (
+            "/v1/completions",
+            with("temperature", json!("hot")),
+            "temperature",
+        ),
+        ("/v1/completions", with("top_p", json!(0)), "top_p"),
+        ("/v1/completions", with("top_k", json!(-5)), "top_k"),
+        ("/v1/completions", with("min_p", json!(1.5)), "min_p"),
+        (
+            "/v1/completions",
+            with("presence_penalty", json!(3)),
+            "presence_penalty",
+        ),
+        (
+            "/v1/completions",
+            with("frequency_penalty", json!(-3)),
+            "frequency_penalty",
+        ),
+        (
+            "/v1/completions",
+            with("repetition_penalty", json!(0)),
+            "repetition_penalty",
+        ),
+        ("/v1/completions", with("n", json!(0)), "n"),
+        ("/v1/completions", with("n", json!(100)), "n"),
+        ("/v1/completions", with("logprobs", json!(21)), "logprobs"),
+        ("/v1/completions", with("seed", json!(-1)), "seed"),
+        ("/v1/completions", with("stop", json!([""])), "stop"),
+        (
+            "/v1/completions",
+            with("stream_options", json!({"include_usage": true})),
+            "stream_options",
+        ),
+        ("/v1/completions", with("echo", json!(true)), "echo"),
+        (
+            "/v1/completions",
+            with("logit_bias", json!({"5": 1})),
+            "logit_bias",
+        ),
+        (
+            "/v1/completions",
+            with("frobnicate", json!(1)),
+            "frobnicate",
+        ),
+        ("/v1/completions", with("prompt", json!([])), "prompt"),
+        ("/v1/completions", with("prompt", json!([999999])), "prompt"),
+        (
+            "/v1/completions",
+            with("prompt", json!(["a", "b"])),
+            "prompt",
+        ),
+        ("/v1/completions", json!({"model": "tiny"}), "prompt"),
+        ("/v1/chat/completions", json!({"model": "tiny"}), "messages"),
+        ("/v1/chat/completions", json!({"messages": []}), "messages"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 50}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -2}),
+            "max_completion_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": []}),
+            "tools",
+        ),
+        ("/detokenize", json!({"tokens": [1, 4000000]}), "tokens[1]"),
+    ];
+    for (path, body, param) in cases {
+        let (status, body_json) = call(&h, path, body.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{path} {body}: {body_json}"
+        );
+        let error = &body_json["error"];
+        assert_eq!(error["param"], json!(param), "{path} {body}: {body_json}");
+        assert_eq!(error["type"], json!("invalid_request_error"));
+        let message = error["message"].as_str().expect("message");
+        assert!(!message.is_empty());
+    }
+    // Nothing refused reached the engine.
+    assert_eq!(h.engine.stats().prompt_tokens_total, 0);
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_about_the_body() {
+    let h = quick();
+    for bad in ["{\"prompt\": ", "not json", "[1, 2]"] {
+        let response = send(&h, post("/v1/completions", bad)).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad}");
+        let body = json_of(response).await;
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("JSON")
+                || body["error"]["param"] == json!(".")
+                || body["error"]["param"] == json!("body"),
+            "{bad}: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_context_limit_is_refused_by_name_not_clamped() {
+    let h = quick();
+    let (status, body) = call(
+        &h,
+        "/v1/completions",
+        json!({"prompt": vec![5; 100], "max_tokens": 40}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["param"], json!("max_tokens"));
+    assert_eq!(body["error"]["code"], json!("context_length_exceeded"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("128"));
+}
+
+#[tokio::test]
+async fn api_key_is_required_on_the_api_and_not_on_health() {
+    let mut c = config();
+    c.api_key = Some("s3cret".into());
+    let h = harness(c, &[1], Duration::ZERO);
+    let body = json!({"prompt": "Hi", "max_tokens": 1}).to_string();
+    for auth in [
+        None,
+        Some("Bearer nope"),
+        Some("s3cret"),
+        Some("Bearer s3cre"),
+    ] {
+        let mut req = post("/v1/completions", body.clone());
+        if let Some(a) = auth {
+            req.headers_mut()
+                .insert(header::AUTHORIZATION, a.parse().unwrap());
+        }
+        let response = send(&h, req).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{auth:?}");
+        let b = json_of(response).await;
+        assert_eq!(b["error"]["type"], json!("authentication_error"));
+    }
+    let mut req = post("/v1/completions", body);
+    req.headers_mut()
+        .insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+    assert_eq!(send(&h, req).await.status(), StatusCode::OK);
+    let health = Request::get("/health").body(Body::empty()).unwrap();
+    assert_eq!(send(&h, health).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413() {
+    let mut c = config();
+    c.max_body_bytes = 1000;
+    let h = harness(c, &[1], Duration::ZERO);
+    let big = json!({"prompt": "x".repeat(2000), "max_tokens": 1}).to_string();
+    let response = send(&h, post("/v1/completions", big)).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body = json_of(response).await;
+    assert!(body["error"]["message"].as_str().unwrap().contains("1000"));
+    let small = json!({"prompt": "x", "max_tokens": 1}).to_string();
+    assert_eq!(
+        send(&h, post("/v1/completions", small)).await.status(),
+        StatusCode::OK
+    );
+}
+
+/// With one decode row and no queue, a second request while a stream is open gets 429 with
+/// `Retry-After`; closing the stream frees its place.
+#[tokio::test]
+async fn a_full_queue_is_429_with_retry_after() {
+    let mut c = config();
+    c.max_queue = 0;
+    let h = harness(c, &[1], Duration::from_millis(5));
+    let streaming = json!({"prompt": "Hi", "max_tokens": 100, "stream": true}).to_string();
+    let open = send(&h, post("/v1/completions", streaming.clone())).await;
+    assert_eq!(open.status(), StatusCode::OK);
+    let refused = send(&h, post("/v1/completions", streaming.clone())).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
+    assert_eq!(
+        json_of(refused).await["error"]["type"],
+        json!("rate_limit_error")
+    );
+    drop(open);
+    let again = send(&h, post("/v1/completions", streaming)).await;
+    assert_eq!(again.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn not_ready_until_the_engine_is_set() {
+    let state = AppState::new(config(), model_text());
+    let app = router(state.clone());
+    let ready = || Request::get("/ready").body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(ready()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let response = app
+        .clone()
+        .oneshot(post("/v1/completions", json!({"prompt": "x"}).to_string()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let h = quick();
+    state.set_engine(h.engine.clone());
+    assert_eq!(app.oneshot(ready()).await.unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn completion_text_and_usage_match_the_script() {
+    let h = quick();
+    let prompt = "Once upon a time";
+    let (status, body) = call(
+        &h,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let p = prompt_len(&h, prompt);
+    let expected = decode(&h, &reference_ids(&h.sentence, p, 12));
+    assert_eq!(body["choices"][0]["text"], json!(expected));
+    assert_eq!(body["choices"][0]["finish_reason"], json!("length"));
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": p, "completion_tokens": 12, "total_tokens": p + 12})
+    );
+    assert_eq!(body["object"], json!("text_completion"));
+}
+
+#[tokio::test]
+async fn stop_strings_end_the_text_before_them() {
+    let h = quick();
+    let prompt = [7u32, 8, 9];
+    let full = decode(&h, &reference_ids(&h.sentence, 3, 40));
+    for stop in ["lazy", " café", "hello."] {
+        let (status, body) = call(
+            &h,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 40, "stop": [stop, "never-seen"]}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let at = full.find(stop).expect("the script says it");
+        assert_eq!(
+            body["choices"][0]["text"],
+            json!(&full[..at]),
+            "stop {stop:?}"
+        );
+        assert_eq!(body["choices"][0]["finish_reason"], json!("stop"));
+    }
+}
+
+/// Reads an SSE body to the end; returns the `data:` payloads.
+async fn sse_events(response: Response<Body>) -> Vec<String> {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: ").map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn streamed_chunks_concatenate_to_the_script_with_usage_last() {
+    let h = quick();
+    for endpoint in ["/v1/completions", "/v1/chat/completions"] {
+        let mut body = json!({
+            "max_tokens": 20, "n": 2, "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let p = if endpoint == "/v1/completions" {
+            body["prompt"] = json!([11, 12, 13, 14]);
+            4
+        } else {
+            let messages = json!([{"role": "user", "content": "Hi"}]);
+            body["messages"] = messages.clone();
+            let (_, t) = call(&h, "/tokenize", json!({"messages": messages})).await;
+            t["count"].as_u64().unwrap() as usize
+        };
+        let response = send(&h, post(endpoint, body.to_string())).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/event-stream"
+        );
+        let events = sse_events(response).await;
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let expected = decode(&h, &reference_ids(&h.sentence, p, 20));
+        for index in 0..2 {
+            let mut text = String::new();
+            let mut finish = None;
+            for c in &chunks {
+                for choice in c["choices"].as_array().unwrap() {
+                    if choice["index"] == json!(index) {
+                        let piece = if endpoint == "/v1/completions" {
+                            &choice["text"]
+                        } else {
+                            &choice["delta"]["content"]
+                        };
+                        text.push_str(piece.as_str().unwrap_or(""));
+                        if !choice["finish_reason"].is_null() {
+                            finish = Some(choice["finish_reason"].clone());
+                        }
+                    }
+                }
+            }
+            assert_eq!(text, expected, "{endpoint} choice {index}");
+            assert_eq!(finish, Some(json!("length")));
+        }
+        let usage = chunks.last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(
+            usage["usage"],
+            json!({"prompt_tokens": p, "completion_tokens": 40, "total_tokens": p + 40})
+        );
+    }
+}
+
+#[tokio::test]
+async fn logprobs_come_back_in_each_endpoints_shape() {
+    let h = quick();
+    let (status, body) = call(
+        &h,
+        "/v1/completions",
+        json!({"prompt": [3, 4], "max_tokens": 5, "logprobs": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ids = reference_ids(&h.sentence, 2, 5);
+    let lp = &body["choices"][0]["logprobs"];
+    let tokens: Vec<String> = ids
+        .iter()
+        .map(|&i| h.state.text.codec.decode(&[i], false).unwrap())
+        .collect();
+    assert_eq!(lp["tokens"], json!(tokens));
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 5);
+    for (k, t) in tokens.iter().enumerate() {
+        // All mass on the scripted token: its log-probability is ~0 and it tops the list.
+        assert!(lp["token_logprobs"][k].as_f64().unwrap() > -1e-3);
+        let top = lp["top_logprobs"][k].as_object().unwrap();
+        assert_eq!(top.len(), 2);
+        assert!(top[t].as_f64().unwrap() > -1e-3);
+    }
+    let (status, body) = call(
+        &h,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let content = body["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(content.len(), 3);
+    for c in content {
+        assert_eq!(c["top_logprobs"].as_array().unwrap().len(), 3);
+        assert_eq!(c["top_logprobs"][0]["token"], c["token"]);
+    }
+}
+
+#[tokio::test]
+async fn tokenize_and_detokenize_round_trip() {
+    let h = quick();
+    let text = "Café naïve résumé";
+    let (status, body) = call(&h, "/tokenize", json!({"prompt": text})).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids = h.state.text.codec.encode(text, true).unwrap();
+    assert_eq!(body["tokens"], json!(ids));
+    assert_eq!(body["count"], json!(ids.len()));
+    assert_eq!(body["max_model_len"], json!(crate::fake::MAX_CONTEXT));
+    let (status, body) = call(&h, "/detokenize", json!({"tokens": ids})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["prompt"], json!(text));
+}
+
+async fn wait_for_pages_free(h: &Harness) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = h.engine.stats();
+        if s.kv_pages_used == 0 && s.running == 0 && s.waiting == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pages still held: {s:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Dropping a stream mid-way (what a disconnect does to the response body) aborts the
+/// sequences: pages come back and generation stops short of the budget.
+#[tokio::test]
+async fn a_dropped_stream_aborts_its_sequences_and_frees_pages() {
+    let h = harness(config(), &[1, 2, 4], Duration::from_millis(5));
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 100, "n": 2, "stream": true});
+    let response = send(&h, post("/v1/completions", body.to_string())).await;
+    let mut stream = response.into_body();
+    for _ in 0..3 {
+        stream.frame().await.expect("a frame").expect("data");
+    }
+    assert!(h.engine.stats().kv_pages_used > 0);
+    drop(stream);
+    wait_for_pages_free(&h).await;
+    let generated = h.engine.stats().generation_tokens_total;
+    assert!(
+        generated < 200,
+        "generated {generated} tokens after the drop"
+    );
+}
+
+/// The same for a non-streaming request whose handler future is dropped.
+#[tokio::test]
+async fn a_dropped_request_aborts_its_sequence() {
+    let h = harness(config(), &[1], Duration::from_millis(5));
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 100});
+    let request = send(&h, post("/v1/completions", body.to_string()));
+    let timed_out = tokio::time::timeout(Duration::from_millis(100), request).await;
+    assert!(
+        timed_out.is_err(),
+        "100 tokens at 5 ms cannot finish in 100 ms"
+    );
+    wait_for_pages_free(&h).await;
+    assert!(h.engine.stats().generation_tokens_total < 100);
+}
+
+#[tokio::test]
+async fn metrics_count_tokens_and_latencies_under_the_prefix() {
+    let h = quick();
+    let (status, _) = call(
+        &h,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 6}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let response = send(&h, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    };
+    assert_eq!(value("tlaloc:prompt_tokens_total"), 2.0);
+    assert_eq!(value("tlaloc:generation_tokens_total"), 6.0);
+    assert_eq!(value("tlaloc:num_requests_running"), 0.0);
+    assert_eq!(value("tlaloc:kv_cache_usage_perc"), 0.0);
+    assert_eq!(value("tlaloc:time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(value("tlaloc:inter_token_latency_seconds_count"), 5.0);
+    assert_eq!(value("tlaloc:e2e_request_latency_seconds_count"), 1.0);
+    assert_eq!(
+        value("tlaloc:request_success_total{finished_reason=\"length\"}"),
+        1.0
+    );
+}
