@@ -241,11 +241,14 @@ fn smollm2_f32_matches_transformers_and_bf16_agrees() {
     let bf16_dir = export_to(&gguf, "forward-smollm2-bf16", Dtype::Bf16, smollm2_ladder());
     let cases = goldens("SmolLM2-135M-Instruct");
     for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
+        let start = std::time::Instant::now();
         let mut f32_runner = Runner::new(&f32_dir, &plugin);
         let mut bf16_runner = Runner::new(&bf16_dir, &plugin);
+        eprintln!("loaded both artifacts on {} in {:.2?}", plugin.display(), start.elapsed());
         let mut full_agreement = 0;
         for case in &cases {
             let n = case.greedy_ids.len();
+            let start = std::time::Instant::now();
             let (ids, logits) = f32_runner.greedy(&[&case.prompt_ids], n).remove(0);
             let err = max_relative_error(&logits, &case.prompt_last_logits);
             let steps = case.comparable_steps(MIN_MARGIN);
@@ -265,7 +268,15 @@ fn smollm2_f32_matches_transformers_and_bf16_agrees() {
             );
             assert_eq!(ids[..steps], case.greedy_ids[..steps], "{}", case.name);
 
+            let f32_time = start.elapsed();
+            let start = std::time::Instant::now();
             let (bf16_ids, _) = bf16_runner.greedy(&[&case.prompt_ids], n).remove(0);
+            eprintln!(
+                "  prefill {} + {} decode steps: f32 {f32_time:.2?}, bf16 {:.2?} (compiles included on first use)",
+                case.prompt_ids.len(),
+                n - 1,
+                start.elapsed()
+            );
             let agree = ids
                 .iter()
                 .zip(&bf16_ids)

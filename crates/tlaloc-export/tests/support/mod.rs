@@ -95,6 +95,7 @@ pub struct Runner {
     executables: BTreeMap<String, LoadedExecutable>,
     pub compile_times: Vec<(String, Duration)>,
     next_block: usize,
+    free_blocks: Vec<i32>,
 }
 
 impl Runner {
@@ -128,6 +129,7 @@ impl Runner {
             executables: BTreeMap::new(),
             compile_times: Vec::new(),
             next_block: 1,
+            free_blocks: Vec::new(),
         };
         runner.fill_pools(|_| 0);
         runner
@@ -184,10 +186,19 @@ impl Runner {
         let bs = self.block_size();
         let num_blocks = self.artifact.manifest().kv_cache.num_blocks;
         while seq.blocks.len() * bs < len {
+            if let Some(block) = self.free_blocks.pop() {
+                seq.blocks.push(block);
+                continue;
+            }
             assert!(self.next_block < num_blocks, "driver ran out of KV blocks");
             seq.blocks.push(self.next_block as i32);
             self.next_block += 1;
         }
+    }
+
+    /// Returns `seq`'s blocks for reuse.
+    pub fn release(&mut self, seq: Sequence) {
+        self.free_blocks.extend(seq.blocks.into_iter().rev());
     }
 
     /// The pool slot of position `pos` of `seq`.
@@ -333,6 +344,9 @@ impl Runner {
             for (i, r) in results.iter_mut().enumerate() {
                 r.0.push(out.next_tokens[i]);
             }
+        }
+        for seq in seqs {
+            self.release(seq);
         }
         results
     }
