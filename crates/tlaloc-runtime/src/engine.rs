@@ -538,6 +538,7 @@ impl<E: ModelExecutor> Actor<E> {
             }
         };
         let build = started.elapsed();
+        let started = Instant::now();
         let output = match self.executor.step(&step.entry, &step.inputs) {
             Ok(output) => output,
             Err(err) => {
@@ -549,8 +550,10 @@ impl<E: ModelExecutor> Actor<E> {
                 return;
             }
         };
+        let wall = started.elapsed();
         let mut timings = output.timings;
         timings.build = build;
+        timings.other = wall.saturating_sub(timings.upload + timings.execute + timings.readback);
         let steps = &mut self.totals.steps;
         match step.entry.kind {
             EntryKind::Prefill => {

@@ -81,23 +81,27 @@ pub struct StepOutput {
     pub timings: StepTimings,
 }
 
-/// Host-side time of one step, split by phase (the scheduler adds `build`).
+/// Wall time of one step, split by phase. The executor fills `upload`, `execute` and
+/// `readback`; the engine adds `build` and `other` (whatever the executor's own phases do not
+/// cover: releasing buffers, a lazy compile).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepTimings {
-    /// Building the input arrays on the host.
+    /// Choosing the step and building its input arrays on the host.
     pub build: Duration,
     /// Host to device copies of the inputs.
     pub upload: Duration,
-    /// Launch until the outputs are ready.
+    /// The execute call itself (the launch; it does not wait for the device).
     pub execute: Duration,
-    /// Device to host copies of next tokens (and logits).
+    /// Waiting for the device and copying next tokens (and logits) back.
     pub readback: Duration,
+    /// The rest of the executor's call.
+    pub other: Duration,
 }
 
 impl StepTimings {
-    /// The sum of the phases.
+    /// The sum of the phases: the step's wall time as the engine sees it.
     pub fn total(&self) -> Duration {
-        self.build + self.upload + self.execute + self.readback
+        self.build + self.upload + self.execute + self.readback + self.other
     }
 }
 
@@ -107,6 +111,7 @@ impl std::ops::AddAssign for StepTimings {
         self.upload += rhs.upload;
         self.execute += rhs.execute;
         self.readback += rhs.readback;
+        self.other += rhs.other;
     }
 }
 

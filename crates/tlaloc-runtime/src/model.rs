@@ -580,13 +580,9 @@ impl ModelExecutor for Model {
             })
             .collect();
         let started = Instant::now();
-        let (outputs, done) = executable
-            .execute_with_completion(args)
+        let outputs = executable
+            .execute(args)
             .map_err(|e| Self::device_error(key, "execute", e))?;
-        if let Some(done) = done {
-            done.wait()
-                .map_err(|e| Self::device_error(key, "execute", e))?;
-        }
         timings.execute = started.elapsed();
         let mut outputs: Vec<Option<Buffer>> = outputs.into_iter().map(Some).collect();
         for (pool, &output) in plan.pool_outputs.iter().enumerate() {
@@ -616,6 +612,8 @@ impl ModelExecutor for Model {
             None
         };
         timings.readback = started.elapsed();
+        drop(outputs);
+        drop(step_buffers);
         Ok(StepOutput {
             next_tokens,
             logits,

@@ -80,6 +80,26 @@ fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
             "{stats:?}"
         );
         assert_eq!(stats.kv_pages_used, 0);
+        let per_step = |t: tlaloc_runtime::StepTimings, n: u64| {
+            let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n.max(1) as f64;
+            format!(
+                "build {:.0} µs, upload {:.0} µs, execute {:.0} µs, readback {:.0} µs, other {:.0} µs",
+                us(t.build),
+                us(t.upload),
+                us(t.execute),
+                us(t.readback),
+                us(t.other)
+            )
+        };
+        eprintln!(
+            "{}: {} decode steps ({} rows): {}; {} prefill steps: {}",
+            plugin.display(),
+            stats.steps.decode_steps,
+            stats.steps.decode_rows,
+            per_step(stats.steps.decode_time, stats.steps.decode_steps),
+            stats.steps.prefill_steps,
+            per_step(stats.steps.prefill_time, stats.steps.prefill_steps)
+        );
 
         // Sampling reads the logits back; at temperature 1e-3 the argmax of -|v - next| wins.
         let cold = engine
