@@ -5,6 +5,8 @@
 //! `tlaloc-serving.json`, `bodies/<sha256>.mlir`, `programs/<entry>.json`,
 //! `weights/NNNN_<slot>.bin`, `tokenizer/<name>`.
 
+#![forbid(unsafe_code)]
+
 mod dtype;
 mod error;
 mod ladder;

@@ -5,6 +5,8 @@
 //! [`ModelConfig`], [`TokenizerFiles`] and tensors addressed by [`Role`]; [`describe`] renders
 //! what `tlaloc inspect` prints.
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -1,16 +1,15 @@
-//! Read-only memory maps of checkpoint files: the one `unsafe` call of this crate.
+//! Whole-file reads of checkpoint files.
 //!
-//! Mapping is unsafe because the bytes could change under the map if another process truncated or
-//! rewrote the file. Checkpoints are immutable inputs (the safetensors and candle readers make the
-//! same assumption), and multi-gigabyte weights are not worth copying into memory to avoid it.
+//! The files are read into memory rather than memory-mapped: mapping is an `unsafe` call, and the
+//! project keeps every `unsafe` block in the PJRT binding. Export is a one-off step that visits
+//! every byte anyway, so the cost is memory (the size of the largest file), not time.
 
 use std::fs::File;
+use std::io::Read;
 
-use memmap2::Mmap;
-
-/// Maps `file` read-only.
-pub(crate) fn map_file(file: &File) -> std::io::Result<Mmap> {
-    // SAFETY: the map is read-only and checkpoint files are not modified while a checkpoint is
-    // open; every read through it is bounds-checked against its length.
-    unsafe { Mmap::map(file) }
+/// Reads all of `file`.
+pub(crate) fn map_file(file: &File) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    (&*file).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }

@@ -8,7 +8,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use memmap2::Mmap;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, Metadata};
 use serde::Deserialize;
@@ -36,7 +35,7 @@ pub struct SafetensorsEntry {
 #[derive(Debug)]
 struct MappedFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Vec<u8>,
     header_len: usize,
     metadata: Metadata,
 }

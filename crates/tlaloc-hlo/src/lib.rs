@@ -16,6 +16,8 @@
 //! # Ok::<(), tlaloc_hlo::HloError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod builder;
 mod error;
 mod literal;

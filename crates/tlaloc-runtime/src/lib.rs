@@ -4,6 +4,8 @@
 //!
 //! Nothing here links the exporter or the graph builder: an artifact is JSON, text and bytes.
 
+#![forbid(unsafe_code)]
+
 pub mod block_manager;
 pub mod compile_cache;
 pub mod engine;

@@ -8,7 +8,6 @@ pub mod header;
 
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 
 pub use dequant::{ACCEPTED_TYPES, GgmlType, dequantize};
 pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
@@ -22,7 +21,7 @@ use crate::mapped::map_file;
 #[derive(Debug)]
 pub struct GgufCheckpoint {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Vec<u8>,
     header: GgufHeader,
     arch: String,
     /// The config built from the metadata.
