@@ -19,6 +19,12 @@ enum Command {
     /// Install, list and check PJRT plugins.
     #[command(subcommand)]
     Plugin(cmd::plugin::PluginCommand),
+    /// Export a checkpoint (Hugging Face directory or .gguf) into an artifact directory.
+    Export(cmd::export::ExportArgs),
+    /// Summarize an artifact directory or describe a checkpoint.
+    Inspect(cmd::inspect::InspectArgs),
+    /// Re-hash an artifact's bodies, weights and tokenizer files against its manifest.
+    Verify(cmd::verify::VerifyArgs),
     /// Serve an artifact over the OpenAI HTTP API.
     Serve(cmd::serve::ServeArgs),
 }
@@ -34,6 +40,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Plugin(command) => cmd::plugin::run(command),
+        Command::Export(args) => cmd::export::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Verify(args) => cmd::verify::run(args),
         Command::Serve(args) => cmd::serve::run(args),
     }
 }

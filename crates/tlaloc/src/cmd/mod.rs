@@ -1,4 +1,7 @@
 //! One module per subcommand.
 
+pub mod export;
+pub mod inspect;
 pub mod plugin;
 pub mod serve;
+pub mod verify;

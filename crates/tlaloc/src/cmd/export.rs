@@ -1,0 +1,165 @@
+//! `tlaloc export`: a checkpoint (Hugging Face directory or `.gguf` file) into an artifact
+//! directory, with a progress bar over weights and entries and a summary at the end.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use tlaloc_artifact::{Dtype, LadderOptions};
+use tlaloc_export::{ExportOptions, ExportProgress, export};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExportDtype {
+    F32,
+    Bf16,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// A Hugging Face checkpoint directory or a `.gguf` file.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The artifact directory to write (must be missing or empty, unless --force).
+    #[arg(long)]
+    out: PathBuf,
+    /// Dtype of the matrix weights and the KV pools.
+    #[arg(long, value_enum, default_value_t = ExportDtype::F32)]
+    dtype: ExportDtype,
+    /// Largest decode batch.
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Largest context (tokens per sequence); a multiple of the block size.
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// KV blocks per layer pool, scratch block included (default: the top batch at the top
+    /// context, plus the scratch block).
+    #[arg(long)]
+    num_blocks: Option<usize>,
+    /// Prefill chunk sizes (repeatable or a comma list).
+    #[arg(long, value_delimiter = ',')]
+    prefill_chunk: Vec<usize>,
+    /// Replace an existing artifact in --out.
+    #[arg(long)]
+    force: bool,
+}
+
+impl ExportArgs {
+    fn options(&self) -> ExportOptions {
+        let defaults = LadderOptions::default();
+        let max_batch = self.max_batch.unwrap_or(defaults.max_batch);
+        let max_context = self.max_context.unwrap_or(defaults.max_context);
+        let block_size = self.block_size.unwrap_or(defaults.block_size);
+        let num_blocks = self
+            .num_blocks
+            .unwrap_or_else(|| 1 + max_batch * max_context.div_ceil(block_size.max(1)));
+        let prefill_chunks = if self.prefill_chunk.is_empty() {
+            defaults
+                .prefill_chunks
+                .iter()
+                .map(|&c| c.min(max_context))
+                .collect()
+        } else {
+            self.prefill_chunk.clone()
+        };
+        ExportOptions {
+            dtype: match self.dtype {
+                ExportDtype::F32 => Dtype::F32,
+                ExportDtype::Bf16 => Dtype::Bf16,
+            },
+            ladder: LadderOptions {
+                max_batch,
+                max_context,
+                block_size,
+                num_blocks,
+                prefill_chunks,
+            },
+            force: self.force,
+        }
+    }
+}
+
+pub fn run(args: ExportArgs) -> Result<()> {
+    let options = args.options();
+    let start = Instant::now();
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+            .context("progress bar template")?,
+    );
+    let mut weights_total = 0;
+    let summary = export(&args.checkpoint, &args.out, &options, &mut |event| match event {
+        ExportProgress::Plan { weights, entries } => {
+            weights_total = weights;
+            bar.set_length((weights + entries) as u64);
+            bar.set_message("opening checkpoint");
+        }
+        ExportProgress::Weight { slot, .. } => {
+            bar.inc(1);
+            bar.set_message(format!("weight {slot}"));
+        }
+        ExportProgress::Entry { index, name } => {
+            bar.set_position((weights_total + index + 1) as u64);
+            bar.set_message(format!("entry {name}"));
+        }
+    })
+    .with_context(|| {
+        format!(
+            "exporting {} to {}",
+            args.checkpoint.display(),
+            args.out.display()
+        )
+    })?;
+    bar.finish_and_clear();
+    let m = &summary.manifest;
+    println!(
+        "exported {} ({} layers, hidden {}, vocab {}) as {} to {}",
+        m.model.architecture,
+        m.model.num_layers,
+        m.model.hidden_size,
+        m.model.vocab_size,
+        m.dtype,
+        args.out.display()
+    );
+    println!(
+        "entries: {} ({} distinct bodies, {})",
+        summary.entries,
+        summary.bodies,
+        human_bytes(summary.body_bytes)
+    );
+    println!(
+        "weights: {} slots, {}",
+        m.weights.len(),
+        human_bytes(summary.weight_bytes)
+    );
+    println!(
+        "ladder: batch {:?}, context {:?}, prefill chunks {:?}, block size {}, {} blocks",
+        m.ladder.batch_buckets,
+        m.ladder.context_buckets,
+        m.ladder.prefill_chunks,
+        m.kv_cache.block_size,
+        m.kv_cache.num_blocks
+    );
+    println!("time: {:.2?}", start.elapsed());
+    Ok(())
+}
+
+/// Bytes in binary units, e.g. `513.2 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

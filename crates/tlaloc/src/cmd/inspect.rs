@@ -1,0 +1,114 @@
+//! `tlaloc inspect PATH`: an artifact directory's manifest summary (model, ladder, entries,
+//! weight bytes), or a checkpoint's description from the ingestion crate.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tlaloc_artifact::{Artifact, MANIFEST_FILE};
+use tlaloc_export::{Checkpoint, describe};
+
+use super::export::human_bytes;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// An artifact directory, a Hugging Face checkpoint directory or a `.gguf` file.
+    path: PathBuf,
+}
+
+pub fn run(args: InspectArgs) -> Result<()> {
+    if args.path.join(MANIFEST_FILE).is_file() {
+        let artifact = Artifact::open(&args.path)
+            .with_context(|| format!("opening artifact {}", args.path.display()))?;
+        print!("{}", summarize(&artifact));
+    } else {
+        let checkpoint = Checkpoint::open(&args.path).with_context(|| {
+            format!(
+                "{} is neither an artifact (no {MANIFEST_FILE}) nor a readable checkpoint",
+                args.path.display()
+            )
+        })?;
+        println!("{}", describe(&checkpoint));
+    }
+    Ok(())
+}
+
+fn summarize(artifact: &Artifact) -> String {
+    use std::fmt::Write as _;
+    let m = artifact.manifest();
+    let c = &m.model;
+    let mut out = String::new();
+    let _ = writeln!(out, "artifact: {}", artifact.root().display());
+    let _ = writeln!(
+        out,
+        "format version {}, exporter {}",
+        m.format_version, m.provenance.exporter
+    );
+    let _ = writeln!(
+        out,
+        "model: {} hidden {} intermediate {} layers {} heads {} (kv {}) head_dim {} vocab {}",
+        c.architecture,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size
+    );
+    let _ = writeln!(
+        out,
+        "  rope theta {} scaling {:?}, tied embeddings {}, attention bias {}",
+        c.rope_theta, c.rope_scaling, c.tied_embeddings, c.attention_bias
+    );
+    let _ = writeln!(
+        out,
+        "dtype {}; KV pools {} x [{} blocks, {} tokens, {} heads, {}] {}",
+        m.dtype,
+        2 * m.kv_cache.num_layers,
+        m.kv_cache.num_blocks,
+        m.kv_cache.block_size,
+        m.kv_cache.num_kv_heads,
+        m.kv_cache.head_dim,
+        m.kv_cache.dtype
+    );
+    let _ = writeln!(
+        out,
+        "ladder: batch {:?}, context {:?}, prefill chunks {:?}",
+        m.ladder.batch_buckets, m.ladder.context_buckets, m.ladder.prefill_chunks
+    );
+    let _ = writeln!(out, "entries ({}):", m.entries.len());
+    for e in &m.entries {
+        let _ = writeln!(out, "  {:<28} {}", e.name, e.body);
+    }
+    let weight_bytes: u64 = m.weights.iter().map(|w| w.byte_length).sum();
+    let _ = writeln!(
+        out,
+        "weights: {} slots, {}",
+        m.weights.len(),
+        human_bytes(weight_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "tokenizer: {}",
+        m.tokenizer
+            .files
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "source: {} {}",
+        m.provenance.source.kind,
+        m.provenance
+            .source
+            .files
+            .iter()
+            .map(|f| format!("{} (sha256 {})", f.name, f.sha256))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    out
+}
