@@ -49,7 +49,11 @@ pub enum ExportProgress {
     /// Starting: how many weights and entries there will be.
     Plan { weights: usize, entries: usize },
     /// Weight `index` (of the plan) has been written.
-    Weight { index: usize, slot: String, bytes: u64 },
+    Weight {
+        index: usize,
+        slot: String,
+        bytes: u64,
+    },
     /// Entry `index` (of the ladder) has been built and written.
     Entry { index: usize, name: String },
 }
@@ -202,14 +206,21 @@ pub fn export(
 
 /// Dense little-endian bytes of `values` as `dtype` (bf16 rounds to nearest even).
 fn encode(values: &[f32], dtype: Dtype) -> Result<Vec<u8>, ExportError> {
+    let mut bytes = Vec::with_capacity(values.len() * dtype.byte_size());
     match dtype {
-        Dtype::F32 => Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        Dtype::Bf16 => Ok(values
-            .iter()
-            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-            .collect()),
-        other => Err(ExportError::UnsupportedDtype(other)),
+        Dtype::F32 => {
+            for v in values {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        Dtype::Bf16 => {
+            for &v in values {
+                bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        other => return Err(ExportError::UnsupportedDtype(other)),
     }
+    Ok(bytes)
 }
 
 /// The signature `module` actually has, named and typed from its arguments and results, with
@@ -282,9 +293,7 @@ fn artifact_model(c: &ModelConfig) -> tlaloc_artifact::ModelConfig {
         rope_theta: c.rope_theta,
         rope_scaling: match c.rope_scaling {
             RopeScaling::None => None,
-            RopeScaling::Linear { factor } => {
-                Some(tlaloc_artifact::RopeScaling::Linear { factor })
-            }
+            RopeScaling::Linear { factor } => Some(tlaloc_artifact::RopeScaling::Linear { factor }),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,

@@ -218,7 +218,10 @@ fn prompt_past_top_context_is_refused() {
             max: 128
         }
     );
-    assert!(err.to_string().contains("exceeds the largest context bucket 128"));
+    assert!(
+        err.to_string()
+            .contains("exceeds the largest context bucket 128")
+    );
 }
 
 /// SmolLM2's ladder for the tests: batch 1, one context bucket of 128, one prefill chunk of 64.
@@ -237,14 +240,23 @@ fn smollm2_ladder() -> LadderOptions {
 #[test]
 fn smollm2_f32_matches_transformers_and_bf16_agrees() {
     let gguf = support::smollm2_gguf();
-    let f32_dir = export_to(&gguf, "forward-smollm2-f32", Dtype::F32, smollm2_ladder());
-    let bf16_dir = export_to(&gguf, "forward-smollm2-bf16", Dtype::Bf16, smollm2_ladder());
+    // The two exports run side by side; each reads the GGUF on its own.
+    let (f32_dir, bf16_dir) = std::thread::scope(|s| {
+        let bf16 =
+            s.spawn(|| export_to(&gguf, "forward-smollm2-bf16", Dtype::Bf16, smollm2_ladder()));
+        let f32 = export_to(&gguf, "forward-smollm2-f32", Dtype::F32, smollm2_ladder());
+        (f32, bf16.join().unwrap())
+    });
     let cases = goldens("SmolLM2-135M-Instruct");
     for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
         let start = std::time::Instant::now();
         let mut f32_runner = Runner::new(&f32_dir, &plugin);
         let mut bf16_runner = Runner::new(&bf16_dir, &plugin);
-        eprintln!("loaded both artifacts on {} in {:.2?}", plugin.display(), start.elapsed());
+        eprintln!(
+            "loaded both artifacts on {} in {:.2?}",
+            plugin.display(),
+            start.elapsed()
+        );
         let mut full_agreement = 0;
         for case in &cases {
             let n = case.greedy_ids.len();
@@ -283,7 +295,11 @@ fn smollm2_f32_matches_transformers_and_bf16_agrees() {
                 .take_while(|(a, b)| a == b)
                 .count();
             eprintln!("SmolLM2 bf16 vs f32 {}: agree {agree}/{n}", case.name);
-            assert!(agree >= 4, "{}: bf16 agrees for only {agree} tokens", case.name);
+            assert!(
+                agree >= 4,
+                "{}: bf16 agrees for only {agree} tokens",
+                case.name
+            );
             if agree == n {
                 full_agreement += 1;
             }

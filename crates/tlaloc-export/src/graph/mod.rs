@@ -182,9 +182,7 @@ pub enum GraphError {
     },
     #[error("the forward program supports f32 and bf16, not {0}")]
     UnsupportedDtype(Dtype),
-    #[error(
-        "entry {entry}: context {context} is not a multiple of the KV block size {block_size}"
-    )]
+    #[error("entry {entry}: context {context} is not a multiple of the KV block size {block_size}")]
     ContextNotBlockAligned {
         entry: String,
         context: usize,
@@ -370,9 +368,8 @@ fn build(
     };
     for slot in &plan.slots {
         let dtype = hlo_dtype_unchecked(slot.dtype);
-        let v = g
-            .f
-            .arg_named(&slot.name, TensorType::new(dtype, slot.dims.clone()))?;
+        let v =
+            g.f.arg_named(&slot.name, TensorType::new(dtype, slot.dims.clone()))?;
         g.weights.insert(slot.name.clone(), v);
     }
     let pool_ty = TensorType::new(g.pool, kv.pool_dims());
@@ -399,9 +396,8 @@ fn build(
     // The attention mask is the same for every layer: [B, kvHeads, T, groups, C].
     let scores_dims = [b, kv_heads, t, groups, context];
     let key_index = g.f.iota(i32_ty(&scores_dims), 4)?;
-    let position_b = g
-        .f
-        .broadcast_in_dim(inputs.positions, scores_dims, [0, 2])?;
+    let position_b =
+        g.f.broadcast_in_dim(inputs.positions, scores_dims, [0, 2])?;
     let seq_len_b = g.f.broadcast_in_dim(inputs.seq_lens, scores_dims, [0])?;
     let causal = g.f.compare(key_index, CompareDirection::Le, position_b)?;
     let live = g.f.compare(key_index, CompareDirection::Lt, seq_len_b)?;
@@ -409,9 +405,8 @@ fn build(
     let masked_value = g.f.splat(Scalar::lowest(DType::F32), scores_dims)?;
     let scale = g.f.full(&f32_ty(&scores_dims), (d as f64).powf(-0.5))?;
 
-    let bias = |layer: usize, role: LayerRole, present: bool| {
-        present.then(|| layer_slot(layer, role))
-    };
+    let bias =
+        |layer: usize, role: LayerRole, present: bool| present.then(|| layer_slot(layer, role));
     let mut new_pools = Vec::with_capacity(2 * c.num_hidden_layers);
     for (layer, &(k_pool, v_pool)) in pools.iter().enumerate() {
         let residual = h;
@@ -515,9 +510,8 @@ fn build(
     let one = g.f.splat(Scalar::I32(1), [b])?;
     let last_position = g.f.sub(inputs.seq_lens, one)?;
     let last_position = g.f.broadcast_in_dim(last_position, [b, t], [0])?;
-    let is_last = g
-        .f
-        .compare(inputs.positions, CompareDirection::Eq, last_position)?;
+    let is_last =
+        g.f.compare(inputs.positions, CompareDirection::Eq, last_position)?;
     let token_index = g.f.iota(i32_ty(&[b, t]), 1)?;
     let past_end = g.f.splat(Scalar::I32(t as i32), [b, t])?;
     let candidates = g.f.select(is_last, token_index, past_end)?;

@@ -293,7 +293,13 @@ impl Runner {
             let end = seq.len + chunk.len();
             let point = ladder.prefill_entry(chunk.len(), end)?;
             self.reserve(&mut seq, end);
-            let out = self.run(point, &[Row { seq: &seq, tokens: chunk }]);
+            let out = self.run(
+                point,
+                &[Row {
+                    seq: &seq,
+                    tokens: chunk,
+                }],
+            );
             seq.len = end;
             last = Some(out);
         }
@@ -356,10 +362,9 @@ impl Runner {
 pub fn max_relative_error(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max((f64::from(x) - f64::from(y)).abs()));
+    let diff = a.iter().zip(b).fold(0f64, |m, (&x, &y)| {
+        m.max((f64::from(x) - f64::from(y)).abs())
+    });
     diff / scale
 }
 

@@ -92,21 +92,26 @@ pub fn run(args: ExportArgs) -> Result<()> {
             .context("progress bar template")?,
     );
     let mut weights_total = 0;
-    let summary = export(&args.checkpoint, &args.out, &options, &mut |event| match event {
-        ExportProgress::Plan { weights, entries } => {
-            weights_total = weights;
-            bar.set_length((weights + entries) as u64);
-            bar.set_message("opening checkpoint");
-        }
-        ExportProgress::Weight { slot, .. } => {
-            bar.inc(1);
-            bar.set_message(format!("weight {slot}"));
-        }
-        ExportProgress::Entry { index, name } => {
-            bar.set_position((weights_total + index + 1) as u64);
-            bar.set_message(format!("entry {name}"));
-        }
-    })
+    let summary = export(
+        &args.checkpoint,
+        &args.out,
+        &options,
+        &mut |event| match event {
+            ExportProgress::Plan { weights, entries } => {
+                weights_total = weights;
+                bar.set_length((weights + entries) as u64);
+                bar.set_message("opening checkpoint");
+            }
+            ExportProgress::Weight { slot, .. } => {
+                bar.inc(1);
+                bar.set_message(format!("weight {slot}"));
+            }
+            ExportProgress::Entry { index, name } => {
+                bar.set_position((weights_total + index + 1) as u64);
+                bar.set_message(format!("entry {name}"));
+            }
+        },
+    )
     .with_context(|| {
         format!(
             "exporting {} to {}",

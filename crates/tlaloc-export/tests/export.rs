@@ -1,0 +1,259 @@
+//! The exporter's own contract: byte-identical re-exports, refusals by name, programs that
+//! the loader accepts, and `verify` naming a corrupted file.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tlaloc_artifact::{Artifact, ArtifactError, Dtype, LadderError, LadderOptions};
+use tlaloc_export::{ExportError, ExportOptions, IngestError, export};
+
+fn small_ladder() -> LadderOptions {
+    LadderOptions {
+        max_batch: 2,
+        max_context: 128,
+        block_size: 16,
+        num_blocks: 1 + 2 * 128 / 16,
+        prefill_chunks: vec![16, 64],
+    }
+}
+
+fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {
+    ExportOptions {
+        dtype,
+        ladder,
+        force: false,
+    }
+}
+
+/// Every file under `dir`, relative path -> bytes.
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                files.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn two_exports_are_byte_identical() {
+    for (fixture, dtype) in [
+        ("tiny-llama-tied", Dtype::F32),
+        ("tiny-qwen2-bias", Dtype::Bf16),
+    ] {
+        let a = support::scratch_dir(&format!("export-same-a-{fixture}"));
+        let b = support::scratch_dir(&format!("export-same-b-{fixture}"));
+        let opts = options(dtype, small_ladder());
+        let src = support::fixture(fixture);
+        export(&src, &a, &opts, &mut |_| {}).unwrap();
+        export(&src, &b, &opts, &mut |_| {}).unwrap();
+        let (ta, tb) = (tree(&a), tree(&b));
+        assert_eq!(
+            ta.keys().collect::<Vec<_>>(),
+            tb.keys().collect::<Vec<_>>(),
+            "{fixture}: file lists differ"
+        );
+        for (name, bytes) in &ta {
+            assert!(
+                bytes == &tb[name],
+                "{fixture}: {name} differs between exports"
+            );
+        }
+        // A different option changes the artifact (the comparison above can fail).
+        let c = support::scratch_dir(&format!("export-same-c-{fixture}"));
+        let mut other = small_ladder();
+        other.num_blocks += 1;
+        export(&src, &c, &options(dtype, other), &mut |_| {}).unwrap();
+        assert_ne!(
+            tree(&c),
+            ta,
+            "{fixture}: num_blocks did not reach the artifact"
+        );
+    }
+}
+
+#[test]
+fn export_writes_what_the_manifest_promises() {
+    let out = support::scratch_dir("export-contents");
+    let mut events = Vec::new();
+    let summary = export(
+        support::fixture("tiny-llama-tied"),
+        &out,
+        &options(Dtype::Bf16, small_ladder()),
+        &mut |e| events.push(e),
+    )
+    .unwrap();
+    let artifact = Artifact::open(&out).unwrap();
+    let m = artifact.manifest();
+    // Ladder: decode b1, b2 at context 128; prefill chunks 16 and 64 at 128.
+    assert_eq!(summary.entries, 4);
+    assert_eq!(m.entries.len(), 4);
+    for e in &m.entries {
+        artifact.program(&e.name).unwrap();
+        assert!(
+            artifact
+                .body_text(e)
+                .unwrap()
+                .contains("tf.aliasing_output")
+        );
+    }
+    // Tied: no LM head slot; matrices bf16; norms and rope tables f32.
+    assert!(m.weight("lm_head").is_none());
+    assert_eq!(m.weight("embed_tokens").unwrap().dtype, Dtype::Bf16);
+    assert_eq!(m.weight("layers.0.q_proj").unwrap().dtype, Dtype::Bf16);
+    assert_eq!(m.weight("final_norm").unwrap().dtype, Dtype::F32);
+    assert_eq!(
+        m.weight("rope.cos").unwrap().dims,
+        vec![128, m.model.head_dim]
+    );
+    assert_eq!(m.kv_cache.dtype, Dtype::Bf16);
+    assert_eq!(m.provenance.source.kind, "safetensors");
+    assert_eq!(
+        m.provenance.options["prefillChunks"],
+        serde_json::json!([16, 64])
+    );
+    assert!(m.tokenizer.files.iter().any(|f| f.name == "tokenizer.json"));
+    assert_eq!(m.tokenizer.chat_template, Some(true));
+    // Progress covered every weight and every entry.
+    let weights = events
+        .iter()
+        .filter(|e| matches!(e, tlaloc_export::ExportProgress::Weight { .. }))
+        .count();
+    assert_eq!(weights, m.weights.len());
+    assert!(artifact.verify().is_ok());
+}
+
+#[test]
+fn verify_names_a_corrupted_file() {
+    let out = support::scratch_dir("export-corrupt");
+    export(
+        support::fixture("tiny-llama-gqa"),
+        &out,
+        &options(Dtype::F32, small_ladder()),
+        &mut |_| {},
+    )
+    .unwrap();
+    let artifact = Artifact::open(&out).unwrap();
+    let weight = artifact
+        .manifest()
+        .weight("layers.1.v_proj")
+        .unwrap()
+        .clone();
+    let path = out.join(&weight.file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let err = artifact.verify().unwrap_err();
+    assert!(matches!(err, ArtifactError::IntegrityFailed { .. }));
+    assert!(err.to_string().contains(&weight.file), "{err}");
+}
+
+#[test]
+fn block_size_that_does_not_divide_the_context_is_refused() {
+    let mut ladder = small_ladder();
+    ladder.block_size = 24;
+    ladder.num_blocks = 100;
+    let err = export(
+        support::fixture("tiny-llama-gqa"),
+        support::scratch_dir("export-bad-block"),
+        &options(Dtype::F32, ladder),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExportError::Ladder(LadderError::BlockSizeDoesNotDivideContext {
+                block_size: 24,
+                context: 128
+            })
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("block size 24 does not divide context 128")
+    );
+}
+
+#[test]
+fn unsupported_export_dtype_is_refused() {
+    let err = export(
+        support::fixture("tiny-llama-gqa"),
+        support::scratch_dir("export-bad-dtype"),
+        &options(Dtype::F16, small_ladder()),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ExportError::UnsupportedDtype(Dtype::F16)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("use f32 or bf16"));
+}
+
+#[test]
+fn yarn_rope_scaling_is_refused_by_name() {
+    let src = support::scratch_dir("export-yarn-checkpoint");
+    std::fs::create_dir_all(&src).unwrap();
+    let fixture = support::fixture("tiny-llama-gqa");
+    for name in ["model.safetensors", "generation_config.json"] {
+        std::fs::copy(fixture.join(name), src.join(name)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+    config["rope_scaling"] = serde_json::json!({
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128
+    });
+    config["rope_parameters"] = serde_json::Value::Null;
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    let out = support::scratch_dir("export-yarn");
+    let err = export(
+        &src,
+        &out,
+        &options(Dtype::F32, small_ladder()),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExportError::Ingest(IngestError::UnsupportedValue { .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("yarn"), "{err}");
+    assert!(!out.exists(), "a refused export wrote {}", out.display());
+}
+
+#[test]
+fn existing_output_is_refused_unless_forced() {
+    let out = support::scratch_dir("export-existing");
+    let src = support::fixture("tiny-llama-gqa");
+    let mut opts = options(Dtype::F32, small_ladder());
+    export(&src, &out, &opts, &mut |_| {}).unwrap();
+    let err = export(&src, &out, &opts, &mut |_| {}).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExportError::Artifact(ArtifactError::DirectoryNotEmpty { .. })
+        ),
+        "{err}"
+    );
+    opts.force = true;
+    export(&src, &out, &opts, &mut |_| {}).unwrap();
+}
