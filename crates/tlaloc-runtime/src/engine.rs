@@ -580,7 +580,6 @@ impl<E: ModelExecutor> Actor<E> {
 
     fn deliver(&mut self, updates: Vec<TokenUpdate>) {
         let mut outbox = Vec::with_capacity(updates.len());
-        let mut gone = Vec::new();
         for update in updates {
             self.totals.generation_tokens_total += 1;
             let token = TokenEvent::Token {
@@ -588,27 +587,31 @@ impl<E: ModelExecutor> Actor<E> {
                 logprob: update.sampled.logprob,
                 top_logprobs: update.sampled.top_logprobs,
             };
-            match update.finish {
-                Some(finish) => {
-                    self.totals.requests_finished += 1;
-                    if let Some(listener) = self.listeners.remove(&update.id) {
-                        outbox.push((listener.clone(), token));
-                        outbox.push((listener, finished_event(finish)));
-                    }
-                }
-                None => {
-                    if let Some(listener) = self.listeners.get(&update.id)
-                        && listener.send(token).is_err()
-                    {
-                        gone.push(update.id);
-                    }
-                }
+            let finished = update.finish.map(|finish| {
+                self.totals.requests_finished += 1;
+                finished_event(finish)
+            });
+            let listener = if finished.is_some() {
+                self.listeners.remove(&update.id)
+            } else {
+                self.listeners.get(&update.id).cloned()
+            };
+            if let Some(listener) = listener {
+                outbox.push((update.id, listener, token, finished));
             }
         }
-        // Counts first, so that a listener woken by its last event sees its pages freed.
+        // Counts first, so that a listener woken by an event sees the step's pages and counts.
         self.publish();
-        for (listener, event) in outbox {
-            let _ = listener.send(event);
+        let mut gone = Vec::new();
+        for (id, listener, token, finished) in outbox {
+            let sent = listener.send(token).is_ok();
+            match finished {
+                Some(event) => {
+                    let _ = listener.send(event);
+                }
+                None if !sent => gone.push(id),
+                None => {}
+            }
         }
         for id in gone {
             self.abort(id);

@@ -19,6 +19,15 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// An engine that runs no step until the returned sender is dropped, so that requests submitted
+/// before then are all queued together.
+fn start_held(num_blocks: usize) -> (EngineHandle, std::sync::mpsc::Sender<()>) {
+    let (permits, gate) = std::sync::mpsc::channel();
+    let model = FakeModel::new(grid(&[1, 2, 4, 8], &[4, 16], &[32, 64, 128]), 4, num_blocks)
+        .with_gate(gate);
+    (Engine::start(model).unwrap(), permits)
+}
+
 fn start(num_blocks: usize) -> EngineHandle {
     Engine::start(FakeModel::new(
         grid(&[1, 2, 4, 8], &[4, 16], &[32, 64, 128]),
@@ -69,7 +78,9 @@ fn eight_prompts_together_give_the_same_ids_as_alone() {
         );
     }
     assert_all_pages_free(&engine);
+    engine.shutdown();
 
+    let (engine, hold) = start_held(256);
     let streams: Vec<_> = prompts()
         .into_iter()
         .map(|p| {
@@ -79,6 +90,7 @@ fn eight_prompts_together_give_the_same_ids_as_alone() {
                 .1
         })
         .collect();
+    drop(hold);
     for (n, events) in streams.into_iter().enumerate() {
         let (ids, reason) = collect_ids(events);
         assert_eq!(ids, alone[n], "prompt {n} batched differs from alone");
@@ -97,7 +109,7 @@ fn eight_prompts_together_give_the_same_ids_as_alone() {
 fn a_pool_too_small_for_all_preempts_and_still_gives_the_same_ids() {
     let max_tokens = 24;
     // 20 allocatable pages of 4 tokens: the eight sequences need up to 62 tokens each.
-    let engine = start(21);
+    let (engine, hold) = start_held(21);
     let streams: Vec<_> = prompts()
         .into_iter()
         .map(|p| {
@@ -107,6 +119,7 @@ fn a_pool_too_small_for_all_preempts_and_still_gives_the_same_ids() {
                 .1
         })
         .collect();
+    drop(hold);
     for (p, events) in prompts().iter().zip(streams) {
         let (ids, _) = collect_ids(events);
         assert_eq!(ids, reference_generate(p, max_tokens, &[]));
@@ -178,27 +191,47 @@ fn wait_until(
     }
 }
 
-#[test]
-fn an_abort_frees_the_pages_at_once() {
-    let engine = start(256);
+/// An engine whose steps each wait for a permit, running one 40-token prompt (three prefill
+/// steps: 16, 16 and 8 tokens, the last emitting the first token) up to its first token.
+fn held_after_first_token() -> (
+    EngineHandle,
+    std::sync::mpsc::Sender<()>,
+    tlaloc_runtime::RequestId,
+    tokio::sync::mpsc::UnboundedReceiver<TokenEvent>,
+) {
+    let (permits, gate) = std::sync::mpsc::channel();
+    let model =
+        FakeModel::new(grid(&[1, 2, 4, 8], &[4, 16], &[32, 64, 128]), 4, 256).with_gate(gate);
+    let engine = Engine::start(model).unwrap();
     let long = GenerateRequest {
         ignore_eos: true,
         ..GenerateRequest::greedy(vec![1; 40], 80)
     };
-    let (id, mut events) = engine.submit(long.clone()).unwrap();
-    // Wait for a token so the sequence holds pages.
+    let (id, mut events) = engine.submit(long).unwrap();
+    for _ in 0..3 {
+        permits.send(()).unwrap();
+    }
     assert!(matches!(
         events.blocking_recv(),
         Some(TokenEvent::Token { .. })
     ));
-    assert!(engine.stats().kv_pages_used > 0);
+    // The engine has no permit for a fourth step: the 40 prompt tokens fill 10 pages of 4.
+    assert_eq!(engine.stats().kv_pages_used, 10);
+    (engine, permits, id, events)
+}
+
+#[test]
+fn an_abort_frees_the_pages_at_once() {
+    let (engine, permits, id, mut events) = held_after_first_token();
     engine.abort(id);
+    // Let the engine run freely: the abort lands before or just after the fourth step.
+    drop(permits);
     loop {
         match events.blocking_recv().expect("stream ends with Finished") {
             TokenEvent::Token { .. } => continue,
             TokenEvent::Finished { reason, usage, .. } => {
                 assert_eq!(reason, FinishReason::Abort);
-                assert!(usage.completion_tokens < 80);
+                assert!(usage.completion_tokens <= 2, "{usage:?}");
                 break;
             }
             TokenEvent::Error { message } => panic!("{message}"),
@@ -206,19 +239,20 @@ fn an_abort_frees_the_pages_at_once() {
     }
     // Visible as soon as the stream says so.
     assert_all_pages_free(&engine);
+    engine.shutdown();
+}
 
-    // Dropping the receiver aborts too.
-    let (_, mut events) = engine.submit(long).unwrap();
-    assert!(matches!(
-        events.blocking_recv(),
-        Some(TokenEvent::Token { .. })
-    ));
+#[test]
+fn dropping_the_receiver_aborts_and_frees_the_pages() {
+    let (engine, permits, _, events) = held_after_first_token();
     drop(events);
+    drop(permits);
     wait_until("the dropped request's pages", &engine, |s| {
         s.kv_pages_used == 0 && s.running == 0
     });
     let stats = engine.stats();
-    assert!(stats.generation_tokens_total < 2 * 80, "{stats:?}");
+    assert!(stats.generation_tokens_total <= 2, "{stats:?}");
+    assert_eq!(stats.requests_finished, 1);
     engine.shutdown();
 }
 
@@ -320,4 +354,34 @@ fn a_refused_request_is_answered_at_once_by_name() {
         })
         .unwrap_err();
     assert!(err.to_string().contains("top_p"), "{err}");
+}
+
+#[test]
+fn prompts_at_chunk_boundaries_and_of_one_token_match_the_reference() {
+    let engine = start(256);
+    // Chunks are 4 and 16: a 1-token prompt decodes at once; 4, 16, 17, 32 and 33 end exactly
+    // on a chunk, one past it, or leave a single token for a decode step.
+    let lengths = [1usize, 2, 4, 5, 16, 17, 32, 33];
+    let streams: Vec<_> = lengths
+        .iter()
+        .map(|&n| {
+            let prompt: Vec<u32> = (0..n as u32)
+                .map(|k| (k * 29 + n as u32) % VOCAB as u32)
+                .collect();
+            let (_, events) = engine
+                .submit(GenerateRequest::greedy(prompt.clone(), 9))
+                .unwrap();
+            (prompt, events)
+        })
+        .collect();
+    for (prompt, events) in streams {
+        let (ids, _) = collect_ids(events);
+        assert_eq!(
+            ids,
+            reference_generate(&prompt, 9, &[]),
+            "prompt of {} tokens",
+            prompt.len()
+        );
+    }
+    assert_all_pages_free(&engine);
 }

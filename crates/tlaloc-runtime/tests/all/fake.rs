@@ -64,6 +64,7 @@ pub struct FakeModel {
     pool: Vec<Option<(u32, usize)>>,
     pub steps: Vec<(EntryKey, StepInputs)>,
     pub record: bool,
+    gate: Option<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl FakeModel {
@@ -81,7 +82,15 @@ impl FakeModel {
             pool: vec![None; num_blocks * block_size],
             steps: Vec::new(),
             record: false,
+            gate: None,
         }
+    }
+
+    /// Makes every step wait for one permit on `gate` (no waiting once its sender is gone), so
+    /// a test can hold the engine between two steps.
+    pub fn with_gate(mut self, gate: std::sync::mpsc::Receiver<()>) -> Self {
+        self.gate = Some(std::sync::Mutex::new(gate));
+        self
     }
 
     pub fn with_eos(mut self, eos: Vec<u32>) -> Self {
@@ -126,6 +135,9 @@ impl ModelExecutor for FakeModel {
         };
         if !self.shape.entries.contains(entry) {
             return Err(ExecutorError::UnknownEntry(*entry));
+        }
+        if let Some(gate) = &self.gate {
+            let _ = gate.lock().expect("gate lock").recv();
         }
         let (b, t, bs) = (entry.batch, entry.tokens, self.shape.block_size);
         let cols = entry.context / bs;
