@@ -62,8 +62,6 @@ pub fn reference_generate(prompt: &[u32], max_tokens: usize, eos: &[u32]) -> Vec
 pub struct FakeModel {
     shape: ModelShape,
     pool: Vec<Option<(u32, usize)>>,
-    pub steps: Vec<(EntryKey, StepInputs)>,
-    pub record: bool,
     gate: Option<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
 }
 
@@ -80,8 +78,6 @@ impl FakeModel {
                 kv_bytes_per_token: 10,
             },
             pool: vec![None; num_blocks * block_size],
-            steps: Vec::new(),
-            record: false,
             gate: None,
         }
     }
@@ -148,9 +144,6 @@ impl ModelExecutor for FakeModel {
             && inputs.slot_mapping.len() == b * t;
         if !dims_ok {
             return Err(bad("input lengths disagree with the entry".into()));
-        }
-        if self.record {
-            self.steps.push((*entry, inputs.clone()));
         }
         for row in 0..b {
             let table: HashSet<i32> = inputs.block_tables[row * cols..(row + 1) * cols]
