@@ -25,6 +25,10 @@ enum Command {
     Inspect(cmd::inspect::InspectArgs),
     /// Re-hash an artifact's bodies, weights and tokenizer files against its manifest.
     Verify(cmd::verify::VerifyArgs),
+    /// Generate from one prompt, streaming text or printing one JSON object.
+    Generate(cmd::generate::GenerateArgs),
+    /// Measure start-up, prefill and decode speed against the bytes-per-step floor.
+    Bench(cmd::bench::BenchArgs),
     /// Serve an artifact over the OpenAI HTTP API.
     Serve(cmd::serve::ServeArgs),
 }
@@ -43,6 +47,8 @@ fn main() -> anyhow::Result<()> {
         Command::Export(args) => cmd::export::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Verify(args) => cmd::verify::run(args),
+        Command::Generate(args) => cmd::generate::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
         Command::Serve(args) => cmd::serve::run(args),
     }
 }
