@@ -72,20 +72,20 @@ pub struct ExportSummary {
 /// Why an export was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    #[error("checkpoint: {0}")]
+    #[error(transparent)]
     Ingest(#[from] IngestError),
     #[error("export dtype {0} is not supported; use f32 or bf16")]
     UnsupportedDtype(Dtype),
-    #[error("ladder options refused: {0}")]
+    #[error(transparent)]
     Ladder(#[from] LadderError),
-    #[error("forward program: {0}")]
+    #[error(transparent)]
     Graph(#[from] GraphError),
     #[error("entry {entry}: the built program disagrees with the contract at {mismatch}")]
     Contract {
         entry: String,
         mismatch: SignatureMismatch,
     },
-    #[error("artifact: {0}")]
+    #[error(transparent)]
     Artifact(#[from] ArtifactError),
 }
 
