@@ -312,6 +312,12 @@ impl Generation {
 impl Drop for Generation {
     fn drop(&mut self) {
         if !self.guard.finished {
+            let unfinished = self.choices.iter().filter(|c| c.finish.is_none()).count();
+            for _ in 0..unfinished {
+                self.state
+                    .metrics
+                    .observe_finished("abort", self.started.elapsed());
+            }
             self.span.in_scope(|| {
                 tracing::info!(
                     completion_tokens = self.completion_tokens(),

@@ -6,6 +6,8 @@
 //! sequences it holds (429 past the queue), aborts the sequences of a client that went away, and
 //! on SIGTERM or ctrl-c stops accepting, finishes what is in flight, and stops the engine.
 
+#![forbid(unsafe_code)]
+
 pub mod chat;
 pub mod error;
 pub mod generate;

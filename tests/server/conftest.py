@@ -1,0 +1,46 @@
+"""Servers shared by the tests: the tiny fixture (with an API key), the tiny fixture with a
+zero queue and a small body limit, and SmolLM2 for the golden chat reply."""
+
+import json
+
+import openai
+import pytest
+
+from serverctl import REPO, Server, required_env
+
+API_KEY = "test-key"
+
+
+def golden(name: str) -> dict:
+    return json.loads((REPO / "tests/data/goldens" / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact() -> str:
+    return required_env("TLALOC_TINY_ARTIFACT")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_artifact):
+    server = Server(tiny_artifact, "tiny", "--api-key", API_KEY)
+    yield server
+    assert server.stop() == 0, server.log_text()
+
+
+@pytest.fixture(scope="session")
+def strict(tiny_artifact):
+    server = Server(tiny_artifact, "tiny", "--max-queue", "0", "--max-body-bytes", "2000")
+    yield server
+    assert server.stop() == 0, server.log_text()
+
+
+@pytest.fixture(scope="session")
+def smol():
+    server = Server(required_env("TLALOC_SMOL_ARTIFACT"), "smol")
+    yield server
+    assert server.stop() == 0, server.log_text()
+
+
+@pytest.fixture
+def client(tiny) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{tiny.url}/v1", api_key=API_KEY, max_retries=0)
