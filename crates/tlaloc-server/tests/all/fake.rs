@@ -58,6 +58,9 @@ pub struct ScriptedModel {
     shape: ModelShape,
     sentence: Vec<u32>,
     step_delay: Duration,
+    /// Steps that succeed before every later one fails (as a device error would).
+    fail_after: Option<usize>,
+    steps: usize,
 }
 
 impl ModelExecutor for ScriptedModel {
@@ -67,6 +70,13 @@ impl ModelExecutor for ScriptedModel {
 
     fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
         std::thread::sleep(self.step_delay);
+        self.steps += 1;
+        if self.fail_after.is_some_and(|n| self.steps > n) {
+            return Err(ExecutorError::Device {
+                entry: *entry,
+                message: "scripted device failure".into(),
+            });
+        }
         let vocab = self.shape.vocab_size;
         let next: Vec<i32> = inputs
             .seq_lens
@@ -122,6 +132,15 @@ impl Drop for Harness {
 }
 
 pub fn harness(config: ServerConfig, decode_batches: &[usize], step_delay: Duration) -> Harness {
+    harness_failing(config, decode_batches, step_delay, None)
+}
+
+pub fn harness_failing(
+    config: ServerConfig,
+    decode_batches: &[usize],
+    step_delay: Duration,
+    fail_after: Option<usize>,
+) -> Harness {
     let text = model_text();
     let sentence = sentence_ids(&text);
     let model = ScriptedModel {
@@ -136,6 +155,8 @@ pub fn harness(config: ServerConfig, decode_batches: &[usize], step_delay: Durat
         },
         sentence: sentence.clone(),
         step_delay,
+        fail_after,
+        steps: 0,
     };
     let engine = Engine::start(model).expect("the scripted engine starts");
     let state = AppState::new(config, text);

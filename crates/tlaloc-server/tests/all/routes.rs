@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tlaloc_server::{AppState, ServerConfig, router};
 use tower::ServiceExt;
 
-use crate::fake::{Harness, harness, model_text, reference_ids};
+use crate::fake::{Harness, harness, harness_failing, model_text, reference_ids};
 
 fn config() -> ServerConfig {
     ServerConfig::new("tiny")
@@ -563,5 +563,44 @@ async fn metrics_count_tokens_and_latencies_under_the_prefix() {
     assert_eq!(
         value("tlaloc:request_success_total{finished_reason=\"length\"}"),
         1.0
+    );
+}
+
+/// A failure inside the engine is a 500 with the error body before a response has started, and
+/// the same body as an SSE event once a stream has.
+#[tokio::test]
+async fn an_engine_failure_is_one_error_rendered_as_status_or_as_event() {
+    let h = harness_failing(config(), &[1], Duration::ZERO, Some(3));
+    let body = json!({"prompt": [1, 2], "max_tokens": 10, "stream": true});
+    let events = sse_events(send(&h, post("/v1/completions", body.to_string())).await).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["type"], json!("server_error"));
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("scripted device failure"), "{message}");
+    let text: String = events[..events.len() - 2]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(text, decode(&h, &reference_ids(&h.sentence, 2, 3)));
+
+    let (status, body) = call(
+        &h,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 10}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["type"], json!("server_error"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scripted device failure")
     );
 }
