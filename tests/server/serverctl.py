@@ -60,7 +60,9 @@ class Server:
         raise RuntimeError(f"tlaloc serve not ready after {timeout} s:\n{self.log_text()}")
 
     def log_text(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")[-4000:]
+        """The end of the server's log (kept on disk unless the server exited 0)."""
+        path = Path(self.log.name)
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def terminate(self) -> None:
         """Sends SIGTERM (graceful shutdown) without waiting."""
@@ -75,6 +77,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.returncode == 0:
+            Path(self.log.name).unlink(missing_ok=True)
         return self.proc.returncode
 
     def metrics(self) -> dict[str, float]:
