@@ -5,3 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TLALOC_PROFILE=dev bash scripts/setup.sh
 cargo test --workspace --quiet
+bash tests/server/run.sh
