@@ -287,6 +287,12 @@ pub struct LadderOptions {
     /// Blocks per layer pool, including the scratch block 0.
     pub num_blocks: usize,
     pub prefill_chunks: Vec<usize>,
+    /// Decode batch buckets; empty derives them (powers of two below `max_batch`, then
+    /// `max_batch`). When given, the largest must equal `max_batch`.
+    pub batch_buckets: Vec<usize>,
+    /// Context buckets; empty derives them (doubling from [`MIN_CONTEXT_BUCKET`] up to
+    /// `max_context`). When given, the largest must equal `max_context`.
+    pub context_buckets: Vec<usize>,
 }
 
 /// The smallest context bucket the derived ladder aims for (rounded up to the block size).
@@ -306,6 +312,8 @@ impl Default for LadderOptions {
             block_size,
             num_blocks: 1 + max_batch * (max_context / block_size),
             prefill_chunks: vec![128],
+            batch_buckets: Vec::new(),
+            context_buckets: Vec::new(),
         }
     }
 }
@@ -346,25 +354,29 @@ impl LadderOptions {
             });
         }
 
-        let mut batch_buckets = Vec::new();
-        let mut batch = 1;
-        while batch < self.max_batch {
-            batch_buckets.push(batch);
-            batch *= 2;
+        let mut batch_buckets = self.batch_buckets.clone();
+        if batch_buckets.is_empty() {
+            let mut batch = 1;
+            while batch < self.max_batch {
+                batch_buckets.push(batch);
+                batch *= 2;
+            }
+            batch_buckets.push(self.max_batch);
         }
-        batch_buckets.push(self.max_batch);
 
         let min_context = MIN_CONTEXT_BUCKET
             .div_ceil(self.block_size)
             .saturating_mul(self.block_size)
             .min(self.max_context);
-        let mut context_buckets = Vec::new();
-        let mut context = min_context;
-        while context < self.max_context {
-            context_buckets.push(context);
-            context = context.saturating_mul(2);
+        let mut context_buckets = self.context_buckets.clone();
+        if context_buckets.is_empty() {
+            let mut context = min_context;
+            while context < self.max_context {
+                context_buckets.push(context);
+                context = context.saturating_mul(2);
+            }
+            context_buckets.push(self.max_context);
         }
-        context_buckets.push(self.max_context);
 
         let mut prefill_chunks = self.prefill_chunks.clone();
         prefill_chunks.sort_unstable();

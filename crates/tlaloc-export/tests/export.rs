@@ -16,6 +16,7 @@ fn small_ladder() -> LadderOptions {
         block_size: 16,
         num_blocks: 1 + 2 * 128 / 16,
         prefill_chunks: vec![16, 64],
+        ..LadderOptions::default()
     }
 }
 

@@ -43,6 +43,7 @@ fn tiny_ladder() -> LadderOptions {
         block_size: 16,
         num_blocks: 1 + 2 * 128 / 16,
         prefill_chunks: vec![16],
+        ..LadderOptions::default()
     }
 }
 
@@ -232,6 +233,7 @@ fn smollm2_ladder() -> LadderOptions {
         block_size: 16,
         num_blocks: 1 + 128 / 16,
         prefill_chunks: vec![64],
+        ..LadderOptions::default()
     }
 }
 

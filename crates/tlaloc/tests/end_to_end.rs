@@ -103,6 +103,7 @@ fn smollm2() -> &'static Path {
                 block_size: 16,
                 num_blocks: 1 + 8 * 128 / 16,
                 prefill_chunks: vec![64],
+                ..LadderOptions::default()
             },
         )
     })
@@ -119,6 +120,7 @@ fn tiny_ladder(num_blocks: usize) -> LadderOptions {
         block_size: 16,
         num_blocks,
         prefill_chunks: vec![16],
+        ..LadderOptions::default()
     }
 }
 

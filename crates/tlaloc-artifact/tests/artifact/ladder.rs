@@ -30,6 +30,7 @@ fn decode_selection_rounds_up_to_the_smallest_covering_point() {
         block_size: 16,
         num_blocks: 1 + 6 * 20,
         prefill_chunks: vec![32, 128],
+        ..LadderOptions::default()
     }
     .ladder()
     .expect("ladder");
@@ -108,6 +109,7 @@ fn block_size_that_does_not_divide_a_context_is_refused() {
         block_size: 16,
         num_blocks: 64,
         prefill_chunks: vec![16],
+        ..LadderOptions::default()
     };
     let err = options.ladder().unwrap_err();
     assert_eq!(
@@ -160,6 +162,7 @@ fn derived_ladder_follows_the_stated_rule() {
         block_size: 40,
         num_blocks: 1 + 6 * 600 / 40,
         prefill_chunks: vec![128, 32, 128],
+        ..LadderOptions::default()
     }
     .ladder()
     .expect("ladder");
@@ -176,6 +179,7 @@ fn derived_ladder_with_an_indivisible_top_is_refused() {
         block_size: 48,
         num_blocks: 100,
         prefill_chunks: vec![16],
+        ..LadderOptions::default()
     }
     .ladder()
     .unwrap_err();
@@ -211,6 +215,7 @@ fn a_pool_too_small_for_one_top_context_sequence_is_refused() {
         block_size: 16,
         num_blocks: 4,
         prefill_chunks: vec![16],
+        ..LadderOptions::default()
     }
     .ladder()
     .unwrap_err();
@@ -223,4 +228,40 @@ fn a_pool_too_small_for_one_top_context_sequence_is_refused() {
             block_size: 16
         }
     );
+}
+
+#[test]
+fn explicit_buckets_are_kept_and_checked_against_the_maxima() {
+    let options = LadderOptions {
+        max_batch: 64,
+        max_context: 2048,
+        block_size: 16,
+        num_blocks: 1 + 64 * 128,
+        prefill_chunks: vec![512],
+        batch_buckets: vec![1, 8, 64],
+        context_buckets: vec![512, 2048],
+    };
+    let ladder = options.ladder().expect("ladder");
+    assert_eq!(ladder.batch_buckets, vec![1, 8, 64]);
+    assert_eq!(ladder.context_buckets, vec![512, 2048]);
+    assert_eq!(
+        ladder.decode_entry(9, 600).map(|p| (p.batch, p.context)),
+        Ok((64, 2048))
+    );
+
+    let err = LadderOptions {
+        batch_buckets: vec![1, 8],
+        ..options.clone()
+    }
+    .ladder()
+    .unwrap_err();
+    assert!(err.to_string().contains("64"), "{err}");
+
+    let err = LadderOptions {
+        context_buckets: vec![500, 2048],
+        ..options
+    }
+    .ladder()
+    .unwrap_err();
+    assert!(err.to_string().contains("500"), "{err}");
 }

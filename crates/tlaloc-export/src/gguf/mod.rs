@@ -8,7 +8,6 @@ pub mod header;
 
 use std::path::{Path, PathBuf};
 
-
 pub use dequant::{ACCEPTED_TYPES, GgmlType, dequantize};
 pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
 

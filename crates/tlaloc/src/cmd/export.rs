@@ -43,6 +43,14 @@ pub struct ExportArgs {
     /// Prefill chunk sizes (repeatable or a comma list).
     #[arg(long, value_delimiter = ',')]
     prefill_chunk: Vec<usize>,
+    /// Decode batch buckets, ascending (default: powers of two up to --max-batch, which
+    /// defaults to the largest bucket given here).
+    #[arg(long, value_delimiter = ',')]
+    batch_buckets: Vec<usize>,
+    /// Context buckets, ascending multiples of the block size (default: doubling from 128 up
+    /// to --max-context, which defaults to the largest bucket given here).
+    #[arg(long, value_delimiter = ',')]
+    context_buckets: Vec<usize>,
     /// Replace an existing artifact in --out.
     #[arg(long)]
     force: bool,
@@ -51,8 +59,14 @@ pub struct ExportArgs {
 impl ExportArgs {
     fn options(&self) -> ExportOptions {
         let defaults = LadderOptions::default();
-        let max_batch = self.max_batch.unwrap_or(defaults.max_batch);
-        let max_context = self.max_context.unwrap_or(defaults.max_context);
+        let max_batch = self
+            .max_batch
+            .or(self.batch_buckets.last().copied())
+            .unwrap_or(defaults.max_batch);
+        let max_context = self
+            .max_context
+            .or(self.context_buckets.last().copied())
+            .unwrap_or(defaults.max_context);
         let block_size = self.block_size.unwrap_or(defaults.block_size);
         let num_blocks = self
             .num_blocks
@@ -77,6 +91,8 @@ impl ExportArgs {
                 block_size,
                 num_blocks,
                 prefill_chunks,
+                batch_buckets: self.batch_buckets.clone(),
+                context_buckets: self.context_buckets.clone(),
             },
             force: self.force,
         }
