@@ -84,6 +84,15 @@ def section(cold: dict, warm: dict, hf: dict, meta: dict) -> str:
             f"- batch {b['batch']}: {s['build_ms']:.3f} / {s['upload_ms']:.3f} / "
             f"{s['execute_ms']:.3f} / {s['readback_ms']:.2f} / {s['other_ms']:.3f}"
         )
+    by_batch = {b["batch"]: b["decode"]["wall_ms_per_step"] for b in cold["batches"]}
+    slower = [b for b in by_batch if b != max(by_batch) and by_batch[b] > by_batch[max(by_batch)]]
+    if slower:
+        lines += [
+            "",
+            f"Batch {', '.join(map(str, slower))} decoded slower per step than batch "
+            f"{max(by_batch)} in this run: the step time is not set by the bytes read but by how "
+            "the plugin's XLA compiled that entry (see the execute / readback split above).",
+        ]
     lines.append("")
     return "\n".join(lines)
 

@@ -1,9 +1,9 @@
 //! `tlaloc bench`: start-up time, prefill time, steady-state decode time per step and tokens/s
 //! for each batch size, each as a ratio to the bytes-per-step floor of SPEC.md section 8.
 //!
-//! For a batch of B, B requests of seeded random prompt ids are submitted at once, each ignoring
-//! end-of-sequence and asking for exactly `gen-len` tokens. The decode window opens when the
-//! last of them has its first token (all B prefilled) and closes when the first one finishes, so
+//! For a batch of B, after an untimed warm-up run of the same shapes, B requests of seeded
+//! random prompt ids are submitted at once, each ignoring end-of-sequence and asking for exactly
+//! `gen-len` tokens. The decode window opens when the last of them has its first token (all B prefilled) and closes when the first one finishes, so
 //! every decode step inside it carries all B rows; the engine's cumulative step counters, read
 //! at both ends, give the steps, rows and host-time split of the window.
 //!
@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// Compile each entry on first use instead of at start (then the ready time has no compile).
     #[arg(long)]
     lazy_compile: bool,
+    /// Measure each batch's first run (by default an untimed run of the same shapes goes
+    /// first, so that first-execution costs and lazy compiles stay out of the numbers).
+    #[arg(long)]
+    no_warmup: bool,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -203,6 +207,9 @@ fn measure(args: &BenchArgs, engine: &EngineHandle, ready: Duration) -> Result<(
 
     let mut results = Vec::new();
     for &b in &args.batch {
+        if !args.no_warmup {
+            warm_up(engine, args, b)?;
+        }
         results.push(run_batch(engine, args, b)?);
     }
 
@@ -238,6 +245,32 @@ fn random_prompt(rng: &mut ChaCha8Rng, len: usize, vocab: usize) -> Vec<u32> {
     (0..len)
         .map(|_| (rng.next_u64() % vocab as u64) as u32)
         .collect()
+}
+
+/// Runs `batch` requests of the measured prompt length for a few tokens, untimed, on the
+/// entries the measurement will use.
+fn warm_up(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<()> {
+    let mut rng = ChaCha8Rng::seed_from_u64(!args.seed);
+    let streams = (0..batch)
+        .map(|_| {
+            let prompt = random_prompt(&mut rng, args.prompt_len, engine.shape().vocab_size);
+            let mut request = GenerateRequest::greedy(prompt, args.gen_len.min(batch + 2));
+            request.ignore_eos = true;
+            Ok(engine.submit(request)?.1)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for mut events in streams {
+        while let Some(event) = events.blocking_recv() {
+            match event {
+                TokenEvent::Token { .. } => {}
+                TokenEvent::Finished { .. } => break,
+                TokenEvent::Error { message } => {
+                    bail!("batch {batch}: a warm-up request failed: {message}")
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn run_batch(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<BatchResult> {
