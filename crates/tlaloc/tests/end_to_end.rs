@@ -565,3 +565,71 @@ fn seeded_sampling_is_reproducible_and_its_parameters_shape_the_distribution() {
         engine.shutdown();
     }
 }
+
+/// `tlaloc bench --json` on the tiny artifact: every measured decode step carries the whole
+/// batch, and the floor is the manifest's weight bytes plus each row's K/V over the given
+/// bandwidth.
+#[test]
+fn bench_measures_full_batches_against_the_manifest_floor() {
+    let dir = tiny();
+    let manifest = tlaloc_artifact::Artifact::open(dir)
+        .unwrap()
+        .manifest()
+        .clone();
+    let weight_bytes: u64 = manifest.weights.iter().map(|w| w.byte_length).sum();
+    let kv = &manifest.kv_cache;
+    let kv_per_token =
+        (2 * kv.num_layers * kv.num_kv_heads * kv.head_dim * kv.dtype.byte_size()) as u64;
+    let _lock = engine_lock();
+    let plugin = test_plugin_paths().remove(0);
+    let (prompt_len, gen_len, gbps) = (16u64, 12u64, 10.0);
+    let out = tlaloc(&[
+        "bench",
+        "--artifact",
+        dir.to_str().unwrap(),
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--compile-cache",
+        compile_cache().to_str().unwrap(),
+        "--batch",
+        "1,4",
+        "--prompt-len",
+        &prompt_len.to_string(),
+        "--gen-len",
+        &gen_len.to_string(),
+        "--bandwidth-gbps",
+        &gbps.to_string(),
+        "--json",
+    ]);
+    let batches = out["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 2, "{out}");
+    for (b, batch) in [1u64, 4].into_iter().zip(batches) {
+        assert_eq!(batch["batch"], b);
+        let decode = &batch["decode"];
+        assert!(decode["steps"].as_u64().unwrap() > 0, "{batch}");
+        assert_eq!(
+            decode["rows_per_step"].as_f64().unwrap(),
+            b as f64,
+            "{batch}"
+        );
+        let mean_context = prompt_len + gen_len / 2;
+        let floor_bytes = weight_bytes + b * mean_context * kv_per_token;
+        assert_eq!(
+            decode["floor_bytes"].as_u64().unwrap(),
+            floor_bytes,
+            "{batch}"
+        );
+        let floor_ms = floor_bytes as f64 / (gbps * 1e9) * 1e3;
+        let ratio = decode["wall_ms_per_step"].as_f64().unwrap() / floor_ms;
+        assert!(
+            (decode["ratio_to_floor"].as_f64().unwrap() - ratio).abs() <= 1e-9 * ratio,
+            "{batch}"
+        );
+        assert_eq!(
+            batch["prefill"]["tokens"].as_u64().unwrap(),
+            b * prompt_len,
+            "{batch}"
+        );
+    }
+    assert_eq!(out["weight_bytes"].as_u64().unwrap(), weight_bytes);
+}
