@@ -2,6 +2,8 @@
 //! benchmarks. Each subcommand lives in its own module under `cmd/`; this file only parses
 //! arguments and dispatches.
 
+#![forbid(unsafe_code)]
+
 mod cmd;
 
 use clap::{Parser, Subcommand};

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU lane: correctness against transformers on the same GPU, then decode and prefill speed
+# of `tlaloc bench` beside transformers' static-cache generate and the copy-bandwidth floor.
+#
+# Run on a machine with an NVIDIA GPU whose python3 has torch and transformers and whose
+# site-packages hold the CUDA PJRT plugin (discovery finds it):
+#   TLALOC=target/release/tlaloc bash scripts/gpu/lane.sh OUT_DIR [correctness|speed|all] [SHAPES]
+# SHAPES: comma list of tinyllama-1.1b,llama3-8b (speed part). Model files are made there, in
+# $TLALOC_GPU_WORK (default /tmp/tlaloc-gpu), never carried.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=$(realpath -m "${1:?usage: lane.sh OUT_DIR [correctness|speed|all] [SHAPES]}")
+part=${2:-all}
+shapes=${3:-tinyllama-1.1b,llama3-8b}
+TLALOC=$(realpath "${TLALOC:-target/release/tlaloc}")
+work=${TLALOC_GPU_WORK:-/tmp/tlaloc-gpu}
+export TLALOC_HOME=$work/home
+mkdir -p "$out" "$work" "$TLALOC_HOME"
+log() { echo "== $(date +%T) $*"; }
+
+log "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+"$TLALOC" plugin check cuda 2>&1 | tee "$out/plugin-check.txt"
+python3 scripts/gpu/bandwidth.py | tee "$out/bandwidth.json"
+gbps=$(python3 -c "import json;print(json.load(open('$out/bandwidth.json'))['bandwidth_bytes_per_s']/1e9)")
+
+if [ "$part" = correctness ] || [ "$part" = all ]; then
+  log "correctness: tiny random Llama, f32 and bf16, against transformers on this GPU"
+  prompts='[[1,5,9,33,2,7,100],[1],[1,300,301,302,303,304,305,306,307,308,309,310,311,312,313,314,315,316,317,318,319,320,321,322,323,324,325,326,327,328,329,330,331,332,333,334,335,336,337]]'
+  for dtype in float32 bfloat16; do
+    model=$work/tiny-$dtype
+    python3 scripts/gpu/make_random_llama.py --shape tiny --dtype "$dtype" --out "$model"
+    short=$([ "$dtype" = float32 ] && echo f32 || echo bf16)
+    "$TLALOC" export --checkpoint "$model" --out "$work/tiny-$short.tlaloc" --dtype "$short" \
+      --max-batch 4 --max-context 256 --prefill-chunk 64 --force > "$out/export-tiny-$short.txt" 2>&1
+    python3 scripts/gpu/hf_baseline.py --model "$model" --dtype "$dtype" \
+      --oracle-prompts "$prompts" --oracle-new-tokens 32 | grep '^RESULT ' | sed 's/^RESULT //' \
+      > "$out/hf-tiny-$short.json"
+    python3 - "$prompts" "$out/hf-tiny-$short.json" "$TLALOC" "$work/tiny-$short.tlaloc" "$short" \
+      > "$out/agree-tiny-$short.json" <<'PY'
+import json, subprocess, sys
+prompts = json.loads(sys.argv[1]); hf = json.load(open(sys.argv[2]))
+rows = []
+for prompt, want in zip(prompts, hf["greedy"]):
+    got = json.loads(subprocess.run(
+        [sys.argv[3], "generate", "--artifact", sys.argv[4], "--plugin", "cuda", "--prompt-ids",
+         ",".join(map(str, prompt)), "--max-new-tokens", str(len(want)), "--ignore-eos", "--json"],
+        check=True, capture_output=True, text=True).stdout)["generated_ids"]
+    agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    rows.append({"prompt_len": len(prompt), "agree": agree, "of": len(want), "tlaloc": got, "hf": want})
+print(json.dumps({"dtype": sys.argv[5], "cases": rows}))
+print(sys.argv[5], [f"{r['agree']}/{r['of']}" for r in rows], file=sys.stderr)
+PY
+  done
+fi
+
+if [ "$part" = speed ] || [ "$part" = all ]; then
+  for shape in ${shapes//,/ }; do
+    model=$work/$shape-bf16
+    log "speed: $shape bf16 — make weights"
+    python3 scripts/gpu/make_random_llama.py --shape "$shape" --dtype bfloat16 --out "$model"
+    artifact=$work/$shape.tlaloc
+    log "speed: $shape — export"
+    /usr/bin/time -v "$TLALOC" export --checkpoint "$model" --out "$artifact" --dtype bf16 \
+      --batch-buckets 1,8,32,64,128 --context-buckets 512,2048 --block-size 16 \
+      --prefill-chunk 128,512,2048 --force \
+      > "$out/export-$shape.txt" 2>&1 || { tail -20 "$out/export-$shape.txt"; exit 1; }
+    rm -rf "$TLALOC_HOME/compile-cache"
+    # Half the context is prompt, half generated: every row must be prefilled (one prompt a
+    # step) before the first row finishes, so that decode steps with all rows exist.
+    for context in 512 2048; do
+      log "speed: $shape — tlaloc bench, context $context"
+      "$TLALOC" bench --artifact "$artifact" --plugin cuda --batch 1,8,32,64,128 \
+        --prompt-len $((context / 2)) --gen-len $((context / 2 - 8)) --bandwidth-gbps "$gbps" --json \
+        > "$out/bench-$shape-c$context.json" 2> "$out/bench-$shape-c$context.log" \
+        || tail -20 "$out/bench-$shape-c$context.log"
+    done
+    for prompt in 128 512 2048; do
+      "$TLALOC" bench --artifact "$artifact" --plugin cuda --batch 1 \
+        --prompt-len "$prompt" --gen-len 8 --bandwidth-gbps "$gbps" --json \
+        > "$out/prefill-$shape-p$prompt.json" 2>> "$out/prefill-$shape.log" || true
+    done
+    log "speed: $shape — transformers generate (static cache)"
+    python3 scripts/gpu/hf_baseline.py --model "$model" --dtype bfloat16 \
+      --batches 1,8,32,64,128 --contexts 512,2048 --gen 64 > "$out/hf-$shape.log" 2>&1 || true
+    grep '^RESULT ' "$out/hf-$shape.log" | sed 's/^RESULT //' > "$out/hf-$shape.json" || true
+  done
+fi
+log "done"

@@ -1,0 +1,55 @@
+"""Prints the GPU lane's results (a directory written by lane.sh) as markdown tables."""
+import glob
+import json
+import os
+import sys
+
+lane = sys.argv[1]
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+bw = load(os.path.join(lane, "bandwidth.json")) or {}
+print(f"copy bandwidth: {bw.get('bandwidth_bytes_per_s', 0) / 1e12:.2f} TB/s ({bw.get('device', '?')})")
+for path in sorted(glob.glob(os.path.join(lane, "agree-*.json"))):
+    agree = load(path)
+    if agree:
+        print(f"{os.path.basename(path)}: " + ", ".join(
+            f"prompt {c['prompt_len']}: {c['agree']}/{c['of']}" for c in agree["cases"]))
+
+for path in sorted(glob.glob(os.path.join(lane, "bench-*.json"))):
+    bench = load(path)
+    name = os.path.basename(path)[len("bench-"):-len(".json")]
+    shape, context = name.rsplit("-c", 1)
+    hf = load(os.path.join(lane, f"hf-{shape}.json")) or {"speed": []}
+    hf_rows = {(r["batch"], r["context"]): r for r in hf["speed"] if "error" not in r}
+    if not bench:
+        print(f"\n{name}: no result")
+        continue
+    print(f"\n### {shape}, context {context} (ready {bench['ready_ms'] / 1e3:.1f} s, "
+          f"compile cache {bench['load'].get('compile_cache')})\n")
+    print("| batch | tlaloc ms/step | tokens/s | floor ms | x floor | HF ms/step | HF tokens/s | tlaloc / HF speed | host split ms (upload/execute/readback/other) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in bench["batches"]:
+        d = row["decode"]
+        h = hf_rows.get((row["batch"], int(context)))
+        s = d["split_per_step"]
+        hf_ms = f"{h['decode_ms_per_step']:.2f}" if h else "-"
+        hf_tps = f"{h['tokens_per_s']:.0f}" if h else "-"
+        ratio = f"{h['decode_ms_per_step'] / d['wall_ms_per_step']:.2f}x" if h else "-"
+        print(f"| {row['batch']} | {d['wall_ms_per_step']:.3f} | {d['tokens_per_s']:.0f} | "
+              f"{d['floor_ms']:.3f} | {d['ratio_to_floor']:.2f} | {hf_ms} | {hf_tps} | {ratio} | "
+              f"{s['upload_ms']:.3f}/{s['execute_ms']:.3f}/{s['readback_ms']:.3f}/{s['other_ms']:.3f} |")
+
+for path in sorted(glob.glob(os.path.join(lane, "prefill-*.json"))):
+    bench = load(path)
+    if bench:
+        p = bench["batches"][0]["prefill"]
+        print(f"{os.path.basename(path)}: prefill {p['tokens']} tokens in {p['ms_per_prompt']:.2f} ms "
+              f"(ready {bench['ready_ms'] / 1e3:.2f} s, cache {bench['load'].get('compile_cache')})")
