@@ -6,7 +6,10 @@
 //! Output is a pure function of the checkpoint bytes and the options: weights in plan order,
 //! entries in ladder order, bodies content-addressed, no timestamps, so two exports are
 //! byte-identical. Matrix weights take the export dtype; norm weights, biases and the RoPE
-//! tables stay f32 (they are small and the graph computes with them in f32).
+//! tables stay f32 (they are small and the graph computes with them in f32). A fused slot
+//! (q/k/v, gate/up and their biases) is its checkpoint tensors' rows written one after the
+//! other: dense row-major `[out, in]` tensors concatenate along the output dimension by
+//! concatenating their bytes.
 
 use std::path::Path;
 
@@ -133,8 +136,14 @@ pub fn export(
         plan.rope_positions,
     );
     for (index, slot) in plan.slots.iter().enumerate() {
-        let values = match slot.source {
-            SlotSource::Tensor(role) => checkpoint.tensor(role)?.to_f32(),
+        let values = match &slot.source {
+            SlotSource::Rows(roles) => {
+                let mut values = Vec::with_capacity(slot.dims.iter().product());
+                for &role in roles {
+                    values.extend(checkpoint.tensor(role)?.to_f32());
+                }
+                values
+            }
             SlotSource::RopeCos => rope.0.clone(),
             SlotSource::RopeSin => rope.1.clone(),
         };

@@ -115,7 +115,7 @@ fn export_writes_what_the_manifest_promises() {
     // Tied: no LM head slot; matrices bf16; norms and rope tables f32.
     assert!(m.weight("lm_head").is_none());
     assert_eq!(m.weight("embed_tokens").unwrap().dtype, Dtype::Bf16);
-    assert_eq!(m.weight("layers.0.q_proj").unwrap().dtype, Dtype::Bf16);
+    assert_eq!(m.weight("layers.0.qkv_proj").unwrap().dtype, Dtype::Bf16);
     assert_eq!(m.weight("final_norm").unwrap().dtype, Dtype::F32);
     assert_eq!(
         m.weight("rope.cos").unwrap().dims,
@@ -138,6 +138,59 @@ fn export_writes_what_the_manifest_promises() {
     assert!(artifact.verify().is_ok());
 }
 
+/// A fused slot holds its checkpoint tensors' rows in order (q, k, v; gate, up), byte for
+/// byte as the safetensors file stores them, with dims that say so.
+#[test]
+fn fused_slots_are_the_checkpoint_rows_concatenated() {
+    let src = support::fixture("tiny-qwen2-bias");
+    let out = support::scratch_dir("export-fused");
+    export(
+        &src,
+        &out,
+        &options(Dtype::F32, small_ladder()),
+        &mut |_| {},
+    )
+    .unwrap();
+    let artifact = Artifact::open(&out).unwrap();
+    let checkpoint = std::fs::read(src.join("model.safetensors")).unwrap();
+    let checkpoint = safetensors::SafeTensors::deserialize(&checkpoint).unwrap();
+    let layers = artifact.manifest().model.num_layers;
+    for layer in 0..layers {
+        for (slot, parts) in [
+            ("qkv_proj", ["q_proj", "k_proj", "v_proj"].as_slice()),
+            ("qkv_bias", ["q_proj", "k_proj", "v_proj"].as_slice()),
+            ("gate_up_proj", ["gate_proj", "up_proj"].as_slice()),
+        ] {
+            let (module, kind) = match slot {
+                "gate_up_proj" => ("mlp", "weight"),
+                "qkv_bias" => ("self_attn", "bias"),
+                _ => ("self_attn", "weight"),
+            };
+            let mut expected_bytes = Vec::new();
+            let mut expected_rows = 0;
+            let mut trailing = Vec::new();
+            for part in parts {
+                let t = checkpoint
+                    .tensor(&format!("model.layers.{layer}.{module}.{part}.{kind}"))
+                    .unwrap();
+                assert_eq!(t.dtype(), safetensors::Dtype::F32);
+                expected_bytes.extend_from_slice(t.data());
+                expected_rows += t.shape()[0];
+                trailing = t.shape()[1..].to_vec();
+            }
+            let name = format!("layers.{layer}.{slot}");
+            let row = artifact.manifest().weight(&name).unwrap();
+            let mut dims = vec![expected_rows];
+            dims.extend(trailing);
+            assert_eq!(row.dims, dims, "{name}");
+            assert!(
+                artifact.weight_bytes(&name).unwrap() == expected_bytes,
+                "{name}: bytes are not the checkpoint rows in order"
+            );
+        }
+    }
+}
+
 #[test]
 fn verify_names_a_corrupted_file() {
     let out = support::scratch_dir("export-corrupt");
@@ -151,7 +204,7 @@ fn verify_names_a_corrupted_file() {
     let artifact = Artifact::open(&out).unwrap();
     let weight = artifact
         .manifest()
-        .weight("layers.1.v_proj")
+        .weight("layers.1.qkv_proj")
         .unwrap()
         .clone();
     let path = out.join(&weight.file);

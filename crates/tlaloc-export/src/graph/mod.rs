@@ -3,16 +3,21 @@
 //! (`tlaloc_artifact::ProgramSignature::expected_for`), and the weight plan that decides which
 //! weight slots the program takes and in what order.
 //!
-//! The program: embedding gather; per layer RMSNorm, q/k/v projections (`dot_general` against the
-//! `[out, in]` weights, contracting dim 1 with dim 1, so no transpose is materialised; optional
-//! biases), RoPE in transformers' `rotate_half` form with cos/sin gathered by `positions` from
-//! tables computed at export time (see [`rope`]), then paged attention: the new K/V rows of the
+//! The program: embedding gather; per layer RMSNorm, ONE q/k/v projection against the fused
+//! `qkv_proj` weight (the rows of q, k and v one after the other, `[q + 2 * kv, hidden]`;
+//! `dot_general` contracting dim 1 with dim 1, so no transpose is materialised; optional fused
+//! bias) sliced into q, k and v, RoPE in transformers' `rotate_half` form applied to q and k
+//! together, with cos/sin gathered by `positions` from tables computed at export time (see
+//! [`rope`]) once per step, then paged attention: the new K/V rows of the
 //! whole batch are written by ONE scatter into each pool viewed as
 //! `[numBlocks * blockSize, kvHeads, headDim]` at `slotMapping` (index -1 is out of bounds and
 //! dropped: the padding contract), and each row's pages are read back by ONE gather by
 //! `blockTables`; grouped-query scores in f32, masked by causality (`c <= position`) and by
-//! `c < seqLen`, softmax in f32 (max subtracted), weighted sum of V, output projection,
-//! residual, RMSNorm, SwiGLU MLP (`silu(gate) * up`, `silu = x * logistic(x)`), residual. The
+//! `c < seqLen` (the mask is built once per step), softmax in f32 (max subtracted), weighted
+//! sum of V, output projection, residual, RMSNorm, ONE gate/up projection against the fused
+//! `gate_up_proj` (gate rows then up rows) sliced in two, SwiGLU (`silu(gate) * up`,
+//! `silu = x * logistic(x)`), down projection, residual. Fusing changes no element value: each
+//! output column is the same dot product over the same weights. The
 //! last real token of each row (the lowest `t` whose position is `seqLen - 1`) is picked by a
 //! mask and a reduction, then final norm, LM head (the embedding matrix when tied), logits f32
 //! and the greedy next token (argmax, lowest index on ties) as i32.
@@ -20,9 +25,11 @@
 //! Dtypes. f32: everything f32, every `dot_general` at `HIGHEST` precision. bf16: the matrix
 //! weights (embedding, projections, LM head) and the KV pools are bf16; each projection converts
 //! its f32 input to bf16 and multiplies bf16 x bf16 with an f32 result; the residual stream,
-//! RMSNorm (and its weights), biases, RoPE, attention scores, softmax and the attention-weighted
-//! sum of V are f32 (gathered K/V pages are converted to f32); new K/V rows are rounded to bf16
-//! when written to the pools.
+//! RMSNorm (and its weights), biases, RoPE, attention scores and softmax are f32. The
+//! attention dots read the gathered bf16 pages as they are (widening every page to f32 would
+//! cost a pass over the whole context per layer): q and the softmax probabilities are rounded
+//! to bf16 and each dot accumulates in f32, as transformers does in bf16. New K/V rows are
+//! rounded to bf16 when written to the pools.
 
 pub mod rope;
 
@@ -38,10 +45,11 @@ use crate::checkpoint::{LayerRole, Role};
 use crate::config::ModelConfig;
 
 /// Where the bytes of a weight slot come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotSource {
-    /// A checkpoint tensor, in Hugging Face layout.
-    Tensor(Role),
+    /// The rows of these checkpoint tensors (Hugging Face layout) concatenated along dimension
+    /// 0, in order: one tensor for most slots, q/k/v or gate/up for the fused projections.
+    Rows(Vec<Role>),
     /// The RoPE cosine table `[maxContext, headDim]`.
     RopeCos,
     /// The RoPE sine table `[maxContext, headDim]`.
@@ -69,26 +77,33 @@ pub struct WeightPlan {
     pub slots: Vec<WeightSlot>,
 }
 
-/// Slot name of a layer role, e.g. `layers.3.q_proj`.
-fn layer_slot(layer: usize, role: LayerRole) -> String {
-    let name = match role {
-        LayerRole::AttnNorm => "input_norm",
-        LayerRole::Q => "q_proj",
-        LayerRole::K => "k_proj",
-        LayerRole::V => "v_proj",
-        LayerRole::O => "o_proj",
-        LayerRole::QBias => "q_bias",
-        LayerRole::KBias => "k_bias",
-        LayerRole::VBias => "v_bias",
-        LayerRole::OBias => "o_bias",
-        LayerRole::MlpNorm => "post_attention_norm",
-        LayerRole::Gate => "gate_proj",
-        LayerRole::Up => "up_proj",
-        LayerRole::Down => "down_proj",
-        LayerRole::GateBias => "gate_bias",
-        LayerRole::UpBias => "up_bias",
-        LayerRole::DownBias => "down_bias",
-    };
+/// The weight slots of one decoder layer: a name and the checkpoint roles whose rows it holds.
+/// q, k and v are one slot (one matmul in the graph), and so are gate and up; their biases
+/// are fused the same way.
+fn layer_slots(c: &ModelConfig) -> Vec<(&'static str, Vec<LayerRole>)> {
+    use LayerRole::*;
+    let mut slots = vec![("input_norm", vec![AttnNorm]), ("qkv_proj", vec![Q, K, V])];
+    if c.qkv_bias {
+        slots.push(("qkv_bias", vec![QBias, KBias, VBias]));
+    }
+    slots.push(("o_proj", vec![O]));
+    if c.o_bias {
+        slots.push(("o_bias", vec![OBias]));
+    }
+    slots.push(("post_attention_norm", vec![MlpNorm]));
+    slots.push(("gate_up_proj", vec![Gate, Up]));
+    if c.mlp_bias {
+        slots.push(("gate_up_bias", vec![GateBias, UpBias]));
+    }
+    slots.push(("down_proj", vec![Down]));
+    if c.mlp_bias {
+        slots.push(("down_bias", vec![DownBias]));
+    }
+    slots
+}
+
+/// Slot name of a layer weight, e.g. `layers.3.qkv_proj`.
+fn layer_slot(layer: usize, name: &str) -> String {
     format!("layers.{layer}.{name}")
 }
 
@@ -105,51 +120,28 @@ impl WeightPlan {
     pub fn new(config: &ModelConfig, dtype: Dtype, rope_positions: usize) -> WeightPlan {
         let c = config;
         let mut slots = Vec::new();
-        let mut push = |name: String, role: Role| {
-            let dims = role.expected_dims(c);
+        let mut push = |name: String, roles: Vec<Role>| {
+            let mut dims = roles[0].expected_dims(c);
+            dims[0] = roles.iter().map(|r| r.expected_dims(c)[0]).sum();
             let dtype = if dims.len() == 1 { Dtype::F32 } else { dtype };
             slots.push(WeightSlot {
                 name,
-                source: SlotSource::Tensor(role),
+                source: SlotSource::Rows(roles),
                 dtype,
                 dims,
             });
         };
-        push(EMBEDDING_SLOT.into(), Role::Embedding);
-        let layer_roles = [
-            LayerRole::AttnNorm,
-            LayerRole::Q,
-            LayerRole::QBias,
-            LayerRole::K,
-            LayerRole::KBias,
-            LayerRole::V,
-            LayerRole::VBias,
-            LayerRole::O,
-            LayerRole::OBias,
-            LayerRole::MlpNorm,
-            LayerRole::Gate,
-            LayerRole::GateBias,
-            LayerRole::Up,
-            LayerRole::UpBias,
-            LayerRole::Down,
-            LayerRole::DownBias,
-        ];
+        push(EMBEDDING_SLOT.into(), vec![Role::Embedding]);
+        let per_layer = layer_slots(c);
         for layer in 0..c.num_hidden_layers {
-            for role in layer_roles {
-                let present = match role {
-                    LayerRole::QBias | LayerRole::KBias | LayerRole::VBias => c.qkv_bias,
-                    LayerRole::OBias => c.o_bias,
-                    LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
-                    _ => true,
-                };
-                if present {
-                    push(layer_slot(layer, role), Role::Layer(layer, role));
-                }
+            for (name, roles) in &per_layer {
+                let roles = roles.iter().map(|&r| Role::Layer(layer, r)).collect();
+                push(layer_slot(layer, name), roles);
             }
         }
-        push(FINAL_NORM_SLOT.into(), Role::FinalNorm);
+        push(FINAL_NORM_SLOT.into(), vec![Role::FinalNorm]);
         if !c.tie_word_embeddings {
-            push(LM_HEAD_SLOT.into(), Role::LmHead);
+            push(LM_HEAD_SLOT.into(), vec![Role::LmHead]);
         }
         for (name, source) in [
             (ROPE_COS_SLOT, SlotSource::RopeCos),
@@ -302,7 +294,8 @@ impl Graph {
         self.f.mul(w, normed)
     }
 
-    /// RoPE of `x [N, heads, D]` with `cos`, `sin` `[N, D]`: `x * cos + rotate_half(x) * sin`.
+    /// RoPE of `x [N, heads, D]` with `cos`, `sin` already broadcast to `[N, heads, D]`:
+    /// `x * cos + rotate_half(x) * sin`.
     fn rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, HloError> {
         let dims = self.dims(x)?;
         let (n, heads, d) = (dims[0], dims[1], dims[2]);
@@ -311,11 +304,24 @@ impl Graph {
         let second = self.f.slice(x, [0, 0, half], [n, heads, d], [1, 1, 1])?;
         let neg_second = self.f.neg(second)?;
         let rotated = self.f.concatenate(&[neg_second, first], 2)?;
-        let cos = self.f.broadcast_in_dim(cos, dims.clone(), [0, 2])?;
-        let sin = self.f.broadcast_in_dim(sin, dims, [0, 2])?;
         let a = self.f.mul(x, cos)?;
         let b = self.f.mul(rotated, sin)?;
         self.f.add(a, b)
+    }
+
+    /// `x` in the pool dtype (unchanged when the pools are f32).
+    fn in_pool_dtype(&mut self, x: Value) -> Result<Value, HloError> {
+        if self.pool == DType::F32 {
+            Ok(x)
+        } else {
+            self.f.convert(x, self.pool)
+        }
+    }
+
+    /// Columns `[start, limit)` of `x [N, W]`.
+    fn columns(&mut self, x: Value, start: usize, limit: usize) -> Result<Value, HloError> {
+        let n = self.dims(x)?[0];
+        self.f.slice(x, [0, start], [n, limit], [1, 1])
     }
 
     /// Rows of `table [R, D]` at `indices [N]` i32: `[N, D]`.
@@ -405,32 +411,35 @@ fn build(
     let masked_value = g.f.splat(Scalar::lowest(DType::F32), scores_dims)?;
     let scale = g.f.full(&f32_ty(&scores_dims), (d as f64).powf(-0.5))?;
 
-    let bias =
-        |layer: usize, role: LayerRole, present: bool| present.then(|| layer_slot(layer, role));
+    // q and k heads side by side get RoPE together: one broadcast of the tables per step.
+    let qk_heads = heads + kv_heads;
+    let cos = g.f.broadcast_in_dim(cos, [n, qk_heads, d], [0, 2])?;
+    let sin = g.f.broadcast_in_dim(sin, [n, qk_heads, d], [0, 2])?;
+    let intermediate = c.intermediate_size;
+
+    let slot = |layer: usize, name: &str| layer_slot(layer, name);
+    let bias = |layer: usize, name: &str, present: bool| present.then(|| layer_slot(layer, name));
     let mut new_pools = Vec::with_capacity(2 * c.num_hidden_layers);
     for (layer, &(k_pool, v_pool)) in pools.iter().enumerate() {
         let residual = h;
-        let x = g.rms_norm(h, &layer_slot(layer, LayerRole::AttnNorm), c.rms_norm_eps)?;
-        let q = g.linear(
+        let x = g.rms_norm(h, &slot(layer, "input_norm"), c.rms_norm_eps)?;
+        // One matmul for q, k and v: [N, (heads + 2 * kvHeads) * D].
+        let qkv = g.linear(
             x,
-            &layer_slot(layer, LayerRole::Q),
-            bias(layer, LayerRole::QBias, c.qkv_bias).as_deref(),
+            &slot(layer, "qkv_proj"),
+            bias(layer, "qkv_bias", c.qkv_bias).as_deref(),
         )?;
-        let k = g.linear(
-            x,
-            &layer_slot(layer, LayerRole::K),
-            bias(layer, LayerRole::KBias, c.qkv_bias).as_deref(),
+        let qkv = g.f.reshape(qkv, [n, qk_heads + kv_heads, d])?;
+        let qk = g.f.slice(qkv, [0, 0, 0], [n, qk_heads, d], [1, 1, 1])?;
+        let v = g.f.slice(
+            qkv,
+            [0, qk_heads, 0],
+            [n, qk_heads + kv_heads, d],
+            [1, 1, 1],
         )?;
-        let v = g.linear(
-            x,
-            &layer_slot(layer, LayerRole::V),
-            bias(layer, LayerRole::VBias, c.qkv_bias).as_deref(),
-        )?;
-        let q = g.f.reshape(q, [n, heads, d])?;
-        let q = g.rope(q, cos, sin)?;
-        let k = g.f.reshape(k, [n, kv_heads, d])?;
-        let k = g.rope(k, cos, sin)?;
-        let v = g.f.reshape(v, [n, kv_heads, d])?;
+        let qk = g.rope(qk, cos, sin)?;
+        let q = g.f.slice(qk, [0, 0, 0], [n, heads, d], [1, 1, 1])?;
+        let k = g.f.slice(qk, [0, heads, 0], [n, qk_heads, d], [1, 1, 1])?;
 
         let k_pool = write_and_read_pages(g, kv, k_pool, k, &inputs, b, context)?;
         let v_pool = write_and_read_pages(g, kv, v_pool, v, &inputs, b, context)?;
@@ -438,8 +447,12 @@ fn build(
         new_pools.push(v_pool.0);
         let (keys, values) = (k_pool.1, v_pool.1);
 
+        // The attention dots take the pages in the pool dtype (bf16 pages are not widened;
+        // the small operand is narrowed instead) and accumulate in f32.
+        let attention_precision = g.precision(g.pool);
         // Scores [B, kvHeads, T, groups, C]: query head h uses KV head h / groups.
         let q = g.f.reshape(q, [b, t, kv_heads, groups, d])?;
+        let q = g.in_pool_dtype(q)?;
         let scores = g.f.dot_general(
             q,
             keys,
@@ -449,7 +462,7 @@ fn build(
                 lhs_contract: vec![4],
                 rhs_contract: vec![3],
             },
-            Some(Precision::Highest),
+            attention_precision,
             Some(DType::F32),
         )?;
         let scores = g.f.mul(scores, scale)?;
@@ -461,6 +474,7 @@ fn build(
         let sum = g.f.reduce_sum(exp, [4])?;
         let sum = g.f.broadcast_in_dim(sum, scores_dims, [0, 1, 2, 3])?;
         let probs = g.f.div(exp, sum)?;
+        let probs = g.in_pool_dtype(probs)?;
         // [B, kvHeads, T, groups, D] -> [B, T, kvHeads, groups, D] -> [N, heads * D].
         let attended = g.f.dot_general(
             probs,
@@ -471,37 +485,35 @@ fn build(
                 lhs_contract: vec![4],
                 rhs_contract: vec![1],
             },
-            Some(Precision::Highest),
+            attention_precision,
             Some(DType::F32),
         )?;
         let attended = g.f.transpose(attended, [0, 2, 1, 3, 4])?;
         let attended = g.f.reshape(attended, [n, heads * d])?;
         let o = g.linear(
             attended,
-            &layer_slot(layer, LayerRole::O),
-            bias(layer, LayerRole::OBias, c.o_bias).as_deref(),
+            &slot(layer, "o_proj"),
+            bias(layer, "o_bias", c.o_bias).as_deref(),
         )?;
         h = g.f.add(residual, o)?;
 
         let residual = h;
-        let x = g.rms_norm(h, &layer_slot(layer, LayerRole::MlpNorm), c.rms_norm_eps)?;
-        let gate = g.linear(
+        let x = g.rms_norm(h, &slot(layer, "post_attention_norm"), c.rms_norm_eps)?;
+        // One matmul for gate and up: [N, 2 * intermediate].
+        let gate_up = g.linear(
             x,
-            &layer_slot(layer, LayerRole::Gate),
-            bias(layer, LayerRole::GateBias, c.mlp_bias).as_deref(),
+            &slot(layer, "gate_up_proj"),
+            bias(layer, "gate_up_bias", c.mlp_bias).as_deref(),
         )?;
-        let up = g.linear(
-            x,
-            &layer_slot(layer, LayerRole::Up),
-            bias(layer, LayerRole::UpBias, c.mlp_bias).as_deref(),
-        )?;
+        let gate = g.columns(gate_up, 0, intermediate)?;
+        let up = g.columns(gate_up, intermediate, 2 * intermediate)?;
         let sigmoid = g.f.logistic(gate)?;
         let silu = g.f.mul(gate, sigmoid)?;
         let act = g.f.mul(silu, up)?;
         let down = g.linear(
             act,
-            &layer_slot(layer, LayerRole::Down),
-            bias(layer, LayerRole::DownBias, c.mlp_bias).as_deref(),
+            &slot(layer, "down_proj"),
+            bias(layer, "down_bias", c.mlp_bias).as_deref(),
         )?;
         h = g.f.add(residual, down)?;
     }
@@ -545,7 +557,7 @@ fn build(
 
 /// Writes `rows [N, kvHeads, D]` f32 into `pool` at `slotMapping` (one scatter over the batch)
 /// and reads each row's pages back by `blockTables` (one gather). Returns the updated pool and
-/// the keys or values of every row `[B, C, kvHeads, D]` in f32.
+/// the keys or values of every row `[B, C, kvHeads, D]` in the pool dtype.
 fn write_and_read_pages(
     g: &mut Graph,
     kv: &KvCacheLayout,
@@ -557,11 +569,7 @@ fn write_and_read_pages(
 ) -> Result<(Value, Value), HloError> {
     let (blocks, block_size, kv_heads, d) =
         (kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim);
-    let rows = if g.pool == DType::F32 {
-        rows
-    } else {
-        g.f.convert(rows, g.pool)?
-    };
+    let rows = g.in_pool_dtype(rows)?;
     let flat = g.f.reshape(pool, [blocks * block_size, kv_heads, d])?;
     let flat = g.f.scatter(
         flat,
@@ -590,10 +598,7 @@ fn write_and_read_pages(
             indices_are_sorted: false,
         },
     )?;
-    let mut read = g.f.reshape(pages, [b, context, kv_heads, d])?;
-    if g.pool != DType::F32 {
-        read = g.f.convert(read, DType::F32)?;
-    }
+    let read = g.f.reshape(pages, [b, context, kv_heads, d])?;
     Ok((updated, read))
 }
 
