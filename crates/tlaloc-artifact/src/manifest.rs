@@ -196,9 +196,9 @@ impl Default for PaddingContract {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightEntry {
-    /// e.g. `layers.3.q_proj`
+    /// e.g. `layers.3.qkv_proj`
     pub slot: String,
-    /// e.g. `weights/0012_layers.3.q_proj.bin`
+    /// e.g. `weights/0012_layers.3.qkv_proj.bin`
     pub file: String,
     pub dtype: Dtype,
     pub dims: Vec<usize>,

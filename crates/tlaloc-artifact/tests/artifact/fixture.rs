@@ -71,8 +71,8 @@ pub fn write(dir: &Path) -> Written {
     let mut writer = ArtifactWriter::create(dir).expect("create writer");
     let weight_specs: [(&str, Vec<usize>, f32); 3] = [
         ("embed_tokens", vec![10, 4], 0.5),
-        ("layers.0.q_proj", vec![4, 4], -1.0),
-        ("layers.1.q_proj", vec![4, 4], 2.0),
+        ("layers.0.qkv_proj", vec![4, 4], -1.0),
+        ("layers.1.qkv_proj", vec![4, 4], 2.0),
     ];
     let mut weights = Vec::new();
     let mut weight_entries = Vec::new();

@@ -56,7 +56,7 @@ fn round_trip_gives_back_what_was_written() {
         DECODE_BODY.len() + PREFILL_BODY.len() + weight_bytes + TOKENIZER_JSON.len()
     );
     assert!(matches!(
-        artifact.weight_bytes("layers.9.q_proj"),
+        artifact.weight_bytes("layers.9.qkv_proj"),
         Err(ArtifactError::UnknownWeightSlot { .. })
     ));
 }
