@@ -77,7 +77,10 @@ fn manifest_json_uses_the_documented_camel_case_shape() {
     assert_eq!(m["padding"]["slotMapping"], -1);
     assert_eq!(m["tokenizer"]["chatTemplate"], serde_json::Value::Null);
     assert_eq!(m["entries"][0]["kind"], "decode");
-    assert_eq!(m["weights"][1]["file"], "weights/0001_layers.0.qkv_proj.bin");
+    assert_eq!(
+        m["weights"][1]["file"],
+        "weights/0001_layers.0.qkv_proj.bin"
+    );
     assert_eq!(m["weights"][1]["byteLength"], 64);
 
     let entry = &written.manifest.entries[0];
