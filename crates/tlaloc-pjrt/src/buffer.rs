@@ -284,6 +284,28 @@ impl Buffer {
         Ok(args.is_deleted)
     }
 
+    /// A new, independent buffer on `device` holding a copy of this one
+    /// (`PJRT_Buffer_CopyToDevice`). Returns once the copy has landed. Some plugins refuse a
+    /// copy to the device the buffer is already on; that refusal is returned as the error.
+    pub fn copy_to_device(&self, device: &Device) -> Result<Buffer> {
+        if !Arc::ptr_eq(&device.client().inner, &self.client().inner) {
+            return Err(Error::InvalidArgument(
+                "the device belongs to another client".to_string(),
+            ));
+        }
+        let mut args = ffi::PJRT_Buffer_CopyToDevice_Args::new();
+        args.buffer = self.raw();
+        args.dst_device = device.raw();
+        // SAFETY: the buffer is live and `device` belongs to the same live client (checked
+        // above); the returned buffer becomes ours and is owned right below.
+        unsafe { pjrt_call!(self.api(), PJRT_Buffer_CopyToDevice, &mut args) }?;
+        let copy = Buffer::from_raw(self.client(), args.dst_buffer)?;
+        if let Some(ready) = copy.ready_event()? {
+            ready.wait()?;
+        }
+        Ok(copy)
+    }
+
     /// An event that fires when the buffer's contents are computed.
     pub fn ready_event(&self) -> Result<Option<Event>> {
         let mut args = ffi::PJRT_Buffer_ReadyEvent_Args::new();

@@ -552,6 +552,14 @@ pjrt_structs! {
         pub event: *mut PJRT_Event,
     }
 
+    pub struct PJRT_Buffer_CopyToDevice_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub buffer: *mut PJRT_Buffer,
+        pub dst_device: *mut PJRT_Device,
+        pub dst_buffer: *mut PJRT_Buffer,
+    }
+
     pub struct PJRT_Buffer_ReadyEvent_Args {
         pub struct_size: usize,
         pub extension_start: *mut PJRT_Extension_Base,
@@ -646,7 +654,7 @@ pjrt_structs! {
         pub PJRT_Buffer_Memory: Unused,
         pub PJRT_Buffer_Delete: Unused,
         pub PJRT_Buffer_IsDeleted: Entry<PJRT_Buffer_IsDeleted_Args>,
-        pub PJRT_Buffer_CopyToDevice: Unused,
+        pub PJRT_Buffer_CopyToDevice: Entry<PJRT_Buffer_CopyToDevice_Args>,
         pub PJRT_Buffer_ToHostBuffer: Entry<PJRT_Buffer_ToHostBuffer_Args>,
         pub PJRT_Buffer_IsOnCpu: Unused,
         pub PJRT_Buffer_ReadyEvent: Entry<PJRT_Buffer_ReadyEvent_Args>,

@@ -413,3 +413,51 @@ fn host_upload_refuses_a_size_mismatch() {
         assert_eq!(buffer.to_host_vec::<i32>().unwrap(), vec![1, 2, 3, 4]);
     });
 }
+
+#[test]
+fn a_copy_on_the_same_device_is_an_independent_buffer() {
+    on_each_plugin(|_, client| {
+        let device = client.first_device().unwrap();
+        let executable = compile(client, UPDATE_SLICE);
+        let pool = values(41, 32);
+        let update = values(42, 8);
+        let original = client.buffer_from_host(&pool, &[8, 4], &device).unwrap();
+        let copy = original.copy_to_device(&device).unwrap();
+        let spare = original.copy_to_device(&device).unwrap();
+        assert_eq!(copy.to_host_vec::<f32>().unwrap(), pool);
+        assert_ne!(
+            copy.unsafe_device_pointer().unwrap(),
+            original.unsafe_device_pointer().unwrap(),
+            "a copy must have memory of its own"
+        );
+        let update_buf = client.buffer_from_host(&update, &[2, 4], &device).unwrap();
+        let row = client.buffer_from_host(&[2i32], &[], &device).unwrap();
+        // Donating the copy must leave the original untouched, and donating the original must
+        // leave the other copy untouched.
+        let out = executable
+            .execute(vec![
+                ExecuteArg::Donated(copy),
+                ExecuteArg::Borrowed(&update_buf),
+                ExecuteArg::Borrowed(&row),
+            ])
+            .unwrap();
+        assert_eq!(
+            out[0].to_host_vec::<f32>().unwrap(),
+            update_reference(&pool, &update, 2)
+        );
+        assert_eq!(original.to_host_vec::<f32>().unwrap(), pool);
+        let out = executable
+            .execute(vec![
+                ExecuteArg::Donated(original),
+                ExecuteArg::Borrowed(&update_buf),
+                ExecuteArg::Borrowed(&row),
+            ])
+            .unwrap();
+        assert_eq!(
+            out[0].to_host_vec::<f32>().unwrap(),
+            update_reference(&pool, &update, 2)
+        );
+        assert!(!spare.is_deleted().unwrap());
+        assert_eq!(spare.to_host_vec::<f32>().unwrap(), pool);
+    });
+}
