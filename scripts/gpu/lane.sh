@@ -63,15 +63,16 @@ if [ "$part" = speed ] || [ "$part" = all ]; then
     log "speed: $shape — export"
     /usr/bin/time -v "$TLALOC" export --checkpoint "$model" --out "$artifact" --dtype bf16 \
       --batch-buckets 1,8,32,64,128 --context-buckets 512,2048 --block-size 16 \
-      --prefill-chunk 128,512,2048 --force \
+      --prefill-chunk 512,2048 --force \
       > "$out/export-$shape.txt" 2>&1 || { tail -20 "$out/export-$shape.txt"; exit 1; }
     rm -rf "$TLALOC_HOME/compile-cache"
-    # Half the context is prompt, half generated: every row must be prefilled (one prompt a
-    # step) before the first row finishes, so that decode steps with all rows exist.
+    # Enough generated tokens that every row is prefilled (one prompt a step, between decode
+    # steps) before the first row finishes, so that decode steps with all rows exist.
     for context in 512 2048; do
+      gen=$([ "$context" = 512 ] && echo 192 || echo 512)
       log "speed: $shape — tlaloc bench, context $context"
       "$TLALOC" bench --artifact "$artifact" --plugin cuda --batch 1,8,32,64,128 \
-        --prompt-len $((context / 2)) --gen-len $((context / 2 - 8)) --bandwidth-gbps "$gbps" --json \
+        --prompt-len $((context - gen)) --gen-len "$gen" --bandwidth-gbps "$gbps" --json \
         > "$out/bench-$shape-c$context.json" 2> "$out/bench-$shape-c$context.log" \
         || tail -20 "$out/bench-$shape-c$context.log"
     done
