@@ -10,10 +10,20 @@
 //!
 //! Arguments are laid out from each program's signature by role, not by position, so the
 //! order the exporter chose is the only order used.
+//!
+//! The three slow parts of a load run at once, each on threads of its own: entries compile (or
+//! deserialize from the cache) on up to one thread per core, weights are read and uploaded on up
+//! to eight, and the pools are made from one zero buffer uploaded per load and copied on the
+//! device (`PJRT_Buffer_CopyToDevice`; host uploads of one shared zero buffer where a plugin
+//! refuses the copy). The PJRT client and buffer creation are thread-safe. Each phase's time in
+//! [`LoadTimings`] is its own wall time, so with the overlap the phases add up to more than the
+//! total.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tlaloc_artifact::{Artifact, ArtifactError, Dtype, Entry, Role};
@@ -253,17 +263,70 @@ impl Model {
                 * kv.dtype.byte_size()) as u64,
         };
 
+        let cache = options.compile_cache.as_ref().map(CompileCache::new);
+        let compile_options = CompileOptions::default();
+        let platform = Platform {
+            plugin_path: found.path.clone(),
+            identity,
+        };
+        let pool_type = element_type(kv.dtype);
+        let pool_dims = dims_i64(&kv.pool_dims());
+
+        // Compilation, weight upload and pool allocation share nothing but the client, so they
+        // overlap; each reports its own wall time.
+        let compiler = Compiler {
+            client: &client,
+            artifact: &artifact,
+            cache: cache.as_ref(),
+            identity: &platform.identity,
+            options: &compile_options,
+        };
+        let order: Vec<EntryKey> = manifest.entries.iter().map(entry_key).collect();
+        let (compiled, uploaded, allocated) = std::thread::scope(|scope| {
+            let compile = scope.spawn(|| {
+                timed(|| match options.compile {
+                    CompileMode::Eager => compiler.compile_all(&order, &entries).map(Some),
+                    CompileMode::Lazy => Ok(None),
+                })
+            });
+            let allocate = scope.spawn(|| {
+                timed(|| {
+                    zero_pools(&client, &device, 2 * kv.num_layers, pool_type, &pool_dims)
+                        .map_err(pjrt("allocating the K/V pools"))
+                })
+            });
+            let uploaded = timed(|| upload_weights(&client, &device, &artifact));
+            (join(compile), uploaded, join(allocate))
+        });
+        let (compiled, compile_time) = compiled;
+        let (weights, upload_time) = uploaded;
+        let (pools, pool_time) = allocated;
+        // Failures are reported in the order the phases used to run one after another.
+        let compiled = compiled?;
+        let weights = weights?;
+        let pools: Vec<Option<Buffer>> = pools?.into_iter().map(Some).collect();
+        timings.compile = compile_time;
+        timings.upload_weights = upload_time;
+        timings.allocate_pools = pool_time;
+        match compiled {
+            Some(compiled) => {
+                timings.cache_hits = compiled.cache_hits;
+                timings.compiled = compiled.compiled;
+                for (key, executable) in compiled.executables {
+                    entries.get_mut(&key).expect("key from the map").executable = Some(executable);
+                }
+            }
+            None => timings.deferred = entries.len(),
+        }
+
         let mut model = Model {
-            pool_type: element_type(kv.dtype),
-            pool_dims: dims_i64(&kv.pool_dims()),
-            pools: (0..2 * kv.num_layers).map(|_| None).collect(),
-            weights: Vec::new(),
-            cache: options.compile_cache.as_ref().map(CompileCache::new),
-            platform: Platform {
-                plugin_path: found.path.clone(),
-                identity,
-            },
-            compile_options: CompileOptions::default(),
+            pool_type,
+            pool_dims,
+            pools,
+            weights,
+            cache,
+            platform,
+            compile_options,
             artifact,
             client,
             device,
@@ -271,47 +334,6 @@ impl Model {
             shape,
             load_timings: LoadTimings::default(),
         };
-
-        let phase = Instant::now();
-        let keys: Vec<EntryKey> = model.entries.keys().copied().collect();
-        match options.compile {
-            CompileMode::Eager => {
-                let mut by_body: HashMap<String, LoadedExecutable> = HashMap::new();
-                for key in keys {
-                    let body = model.entries[&key].entry.body.clone();
-                    let executable = match by_body.get(&body) {
-                        Some(e) => e.clone(),
-                        None => {
-                            let (e, hit) = model.compile_entry(&key)?;
-                            if hit {
-                                timings.cache_hits += 1;
-                            } else {
-                                timings.compiled += 1;
-                            }
-                            by_body.insert(body, e.clone());
-                            e
-                        }
-                    };
-                    model
-                        .entries
-                        .get_mut(&key)
-                        .expect("key from the map")
-                        .executable = Some(executable);
-                }
-            }
-            CompileMode::Lazy => timings.deferred = keys.len(),
-        }
-        timings.compile = phase.elapsed();
-
-        let phase = Instant::now();
-        model.upload_weights()?;
-        timings.upload_weights = phase.elapsed();
-
-        let phase = Instant::now();
-        model
-            .allocate_pools()
-            .map_err(pjrt("allocating the K/V pools"))?;
-        timings.allocate_pools = phase.elapsed();
 
         timings.total = started.elapsed();
         tracing::info!(
@@ -337,77 +359,29 @@ impl Model {
         &self.platform
     }
 
-    /// Compiles (or loads from the cache) one entry; returns whether the cache served it.
-    fn compile_entry(&self, key: &EntryKey) -> Result<(LoadedExecutable, bool), LoadError> {
-        let entry = &self.entries[key].entry;
-        let options_bytes = self.compile_options.to_proto_bytes();
-        let cache_key = tlaloc_artifact::paths::body_hash(&entry.body)
-            .ok()
-            .map(|hash| CompileCache::key(&self.platform.identity, hash, &options_bytes));
-        if let (Some(cache), Some(k)) = (&self.cache, &cache_key)
-            && let Some(bytes) = cache.get(k)
-        {
-            match self
-                .client
-                .deserialize_executable(&bytes, &self.compile_options)
-            {
-                Ok(executable) => return Ok((executable, true)),
-                Err(e) => {
-                    tracing::warn!(entry = %entry.name, error = %e, "compile cache entry unusable; recompiling");
-                }
-            }
+    fn compiler(&self) -> Compiler<'_> {
+        Compiler {
+            client: &self.client,
+            artifact: &self.artifact,
+            cache: self.cache.as_ref(),
+            identity: &self.platform.identity,
+            options: &self.compile_options,
         }
-        let text = self.artifact.body_text(entry)?;
-        let started = Instant::now();
-        let executable = self
-            .client
-            .compile(&text, &self.compile_options)
-            .map_err(pjrt(format!("compiling entry {}", entry.name)))?;
-        tracing::debug!(entry = %entry.name, ms = started.elapsed().as_millis() as u64, "compiled");
-        if let (Some(cache), Some(k)) = (&self.cache, &cache_key) {
-            match executable.serialize() {
-                Ok(bytes) => cache.put(k, &bytes),
-                Err(e) => {
-                    tracing::warn!(entry = %entry.name, error = %e, "cannot serialize executable")
-                }
-            }
-        }
-        Ok((executable, false))
     }
 
-    fn upload_weights(&mut self) -> Result<(), LoadError> {
-        let manifest = self.artifact.manifest();
-        let mut weights = Vec::with_capacity(manifest.weights.len());
-        for w in &manifest.weights {
-            let bytes = self.artifact.weight_bytes(&w.slot)?;
-            let buffer = self
-                .client
-                .buffer_from_host_bytes(
-                    &bytes,
-                    element_type(w.dtype),
-                    &dims_i64(&w.dims),
-                    &self.device,
-                )
-                .map_err(pjrt(format!("uploading weight {}", w.slot)))?;
-            weights.push(buffer);
-        }
-        self.weights = weights;
-        Ok(())
-    }
-
-    fn allocate_pools(&mut self) -> Result<(), tlaloc_pjrt::Error> {
-        let bytes: usize =
-            self.pool_dims.iter().product::<i64>() as usize * self.pool_type.byte_size();
-        let zeros = vec![0u8; bytes];
-        for pool in self.pools.iter_mut() {
-            if pool.is_none() {
-                *pool = Some(self.client.buffer_from_host_bytes(
-                    &zeros,
-                    self.pool_type,
-                    &self.pool_dims,
-                    &self.device,
-                )?);
-            }
+    /// Replaces every pool a failed step consumed with a zero-filled one.
+    fn refill_pools(&mut self) -> Result<(), tlaloc_pjrt::Error> {
+        let missing = self.pools.iter().filter(|p| p.is_none()).count();
+        let mut fresh = zero_pools(
+            &self.client,
+            &self.device,
+            missing,
+            self.pool_type,
+            &self.pool_dims,
+        )?
+        .into_iter();
+        for pool in self.pools.iter_mut().filter(|p| p.is_none()) {
+            *pool = fresh.next();
         }
         Ok(())
     }
@@ -428,6 +402,210 @@ impl Model {
             message: format!("{what}: {e}"),
         }
     }
+}
+
+/// Runs `f` and measures it.
+fn timed<R>(f: impl FnOnce() -> R) -> (R, Duration) {
+    let started = Instant::now();
+    let result = f();
+    (result, started.elapsed())
+}
+
+/// The result of a scoped thread; a panic in it goes on in the caller.
+fn join<R>(handle: std::thread::ScopedJoinHandle<'_, R>) -> R {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// Available cores, at least one.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Weight reads and uploads in flight at once: enough to keep a GPU's copy engines busy, few
+/// enough that the files held in memory stay a small part of the weights.
+const MAX_UPLOAD_THREADS: usize = 8;
+
+/// `f` applied to every item on up to `threads` threads, results in the items' order. Workers
+/// take the next item from a shared counter (weights differ in size by orders of magnitude, so
+/// fixed chunks would leave threads idle), and stop taking new items after the first failure.
+fn parallel_map<T: Sync, R: Send, E: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> Result<R, E> + Sync,
+) -> Result<Vec<R>, E> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<Result<R, E>>>> =
+        Mutex::new(items.iter().map(|_| None).collect());
+    let work = || {
+        while !failed.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(item) = items.get(i) else { break };
+            let result = f(item);
+            if result.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(result);
+        }
+    };
+    let threads = threads.clamp(1, items.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            scope.spawn(work);
+        }
+        work();
+    });
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    // The first failure in item order wins, so that a refusal does not depend on scheduling.
+    let mut out = Vec::with_capacity(items.len());
+    for result in results {
+        match result {
+            Some(Ok(value)) => out.push(value),
+            Some(Err(e)) => return Err(e),
+            // Left untaken after another item failed; that failure comes later in the order.
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Everything compiling an entry needs; shared by the load threads.
+#[derive(Debug, Clone, Copy)]
+struct Compiler<'a> {
+    client: &'a Client,
+    artifact: &'a Artifact,
+    cache: Option<&'a CompileCache>,
+    identity: &'a CacheIdentity,
+    options: &'a CompileOptions,
+}
+
+/// Executables for every entry, and where they came from.
+#[derive(Debug)]
+struct Compiled {
+    executables: Vec<(EntryKey, LoadedExecutable)>,
+    cache_hits: usize,
+    compiled: usize,
+}
+
+impl Compiler<'_> {
+    /// Compiles (or loads from the cache) one entry; returns whether the cache served it.
+    fn compile(&self, entry: &Entry) -> Result<(LoadedExecutable, bool), LoadError> {
+        let options_bytes = self.options.to_proto_bytes();
+        let cache_key = tlaloc_artifact::paths::body_hash(&entry.body)
+            .ok()
+            .map(|hash| CompileCache::key(self.identity, hash, &options_bytes));
+        if let (Some(cache), Some(k)) = (self.cache, &cache_key)
+            && let Some(bytes) = cache.get(k)
+        {
+            match self.client.deserialize_executable(&bytes, self.options) {
+                Ok(executable) => return Ok((executable, true)),
+                Err(e) => {
+                    tracing::warn!(entry = %entry.name, error = %e, "compile cache entry unusable; recompiling");
+                }
+            }
+        }
+        let text = self.artifact.body_text(entry)?;
+        let started = Instant::now();
+        let executable = self
+            .client
+            .compile(&text, self.options)
+            .map_err(pjrt(format!("compiling entry {}", entry.name)))?;
+        tracing::debug!(entry = %entry.name, ms = started.elapsed().as_millis() as u64, "compiled");
+        if let (Some(cache), Some(k)) = (self.cache, &cache_key) {
+            match executable.serialize() {
+                Ok(bytes) => cache.put(k, &bytes),
+                Err(e) => {
+                    tracing::warn!(entry = %entry.name, error = %e, "cannot serialize executable")
+                }
+            }
+        }
+        Ok((executable, false))
+    }
+
+    /// Compiles each distinct body once, on up to one thread per core (compiling is CPU-bound),
+    /// and gives every entry (in `order`) the executable of its body.
+    fn compile_all(
+        &self,
+        order: &[EntryKey],
+        entries: &HashMap<EntryKey, EntryState>,
+    ) -> Result<Compiled, LoadError> {
+        let mut bodies: Vec<&Entry> = Vec::new();
+        for key in order {
+            let entry = &entries[key].entry;
+            if !bodies.iter().any(|b| b.body == entry.body) {
+                bodies.push(entry);
+            }
+        }
+        let built = parallel_map(&bodies, cores(), |entry| self.compile(entry))?;
+        let cache_hits = built.iter().filter(|(_, hit)| *hit).count();
+        let compiled = built.len() - cache_hits;
+        let by_body: HashMap<&str, &LoadedExecutable> = bodies
+            .iter()
+            .zip(&built)
+            .map(|(entry, (executable, _))| (entry.body.as_str(), executable))
+            .collect();
+        let executables = order
+            .iter()
+            .map(|key| (*key, by_body[entries[key].entry.body.as_str()].clone()))
+            .collect();
+        Ok(Compiled {
+            executables,
+            cache_hits,
+            compiled,
+        })
+    }
+}
+
+/// Reads and uploads every weight of the manifest, in manifest order, on several threads.
+fn upload_weights(
+    client: &Client,
+    device: &Device,
+    artifact: &Artifact,
+) -> Result<Vec<Buffer>, LoadError> {
+    let weights = &artifact.manifest().weights;
+    parallel_map(weights, cores().min(MAX_UPLOAD_THREADS), |w| {
+        let bytes = artifact.weight_bytes(&w.slot)?;
+        client
+            .buffer_from_host_bytes(&bytes, element_type(w.dtype), &dims_i64(&w.dims), device)
+            .map_err(pjrt(format!("uploading weight {}", w.slot)))
+    })
+}
+
+/// `count` zero-filled pools. One is uploaded from host zeros and the others are copied from
+/// it on the device; where the plugin refuses a copy to the device a buffer is already on,
+/// the others are uploaded from the same host zeros on several threads.
+fn zero_pools(
+    client: &Client,
+    device: &Device,
+    count: usize,
+    element_type: ElementType,
+    dims: &[i64],
+) -> Result<Vec<Buffer>, tlaloc_pjrt::Error> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let bytes = dims.iter().product::<i64>() as usize * element_type.byte_size();
+    let zeros = vec![0u8; bytes];
+    let upload = || client.buffer_from_host_bytes(&zeros, element_type, dims, device);
+    let first = upload()?;
+    let mut pools = Vec::with_capacity(count);
+    match first.copy_to_device(device) {
+        Ok(copy) => {
+            pools.push(copy);
+            for _ in 2..count {
+                pools.push(first.copy_to_device(device)?);
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no copy on the device; uploading every pool");
+            let rest: Vec<usize> = (1..count).collect();
+            pools = parallel_map(&rest, cores().min(MAX_UPLOAD_THREADS), |_| upload())?;
+        }
+    }
+    pools.insert(0, first);
+    Ok(pools)
 }
 
 fn arg_plan(
@@ -524,10 +702,14 @@ impl ModelExecutor for Model {
         }
         if self.entries[key].executable.is_none() {
             let started = Instant::now();
-            let (executable, _) = self.compile_entry(key).map_err(|e| ExecutorError::Device {
-                entry: *key,
-                message: e.to_string(),
-            })?;
+            let entry = &self.entries[key].entry;
+            let (executable, _) =
+                self.compiler()
+                    .compile(entry)
+                    .map_err(|e| ExecutorError::Device {
+                        entry: *key,
+                        message: e.to_string(),
+                    })?;
             tracing::info!(entry = %key, ms = started.elapsed().as_millis() as u64, "compiled on first use");
             self.entries.get_mut(key).expect("checked").executable = Some(executable);
         }
@@ -544,7 +726,7 @@ impl ModelExecutor for Model {
         let started = Instant::now();
         if self.pools.iter().any(Option::is_none) {
             // A failed step consumed the donated pools; start over from zeros.
-            self.allocate_pools()
+            self.refill_pools()
                 .map_err(|e| Self::device_error(key, "reallocating the K/V pools", e))?;
         }
         let mut step_buffers = Vec::with_capacity(5);
@@ -619,5 +801,43 @@ impl ModelExecutor for Model {
             logits,
             timings,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_map_keeps_the_item_order_of_a_sequential_map() {
+        let items: Vec<u64> = (0..200).map(|i| (i * 7919) % 1000).collect();
+        // Uneven work, so that threads finish items out of order.
+        let f = |&x: &u64| -> Result<u64, String> {
+            std::thread::sleep(Duration::from_micros(x % 5 * 50));
+            Ok(x * x + 1)
+        };
+        let sequential: Vec<u64> = items.iter().map(|x| f(x).unwrap()).collect();
+        for threads in [1, 3, 8, 500] {
+            assert_eq!(parallel_map(&items, threads, f).unwrap(), sequential);
+        }
+        assert_eq!(
+            parallel_map(&[] as &[u64], 4, f).unwrap(),
+            Vec::<u64>::new()
+        );
+    }
+
+    #[test]
+    fn parallel_map_reports_the_first_failure_in_item_order() {
+        let items: Vec<usize> = (0..100).collect();
+        for threads in [1, 4] {
+            let got = parallel_map(&items, threads, |&i| {
+                if i == 37 || i == 80 {
+                    Err(format!("item {i}"))
+                } else {
+                    Ok(i)
+                }
+            });
+            assert_eq!(got, Err("item 37".to_string()));
+        }
     }
 }

@@ -255,3 +255,26 @@ fn padded_rows_write_nothing_and_unowned_slots_stay_bit_identical() {
         assert_eq!(out.logits.as_ref().map(Vec::len), Some(4 * toy::VOCAB));
     }
 }
+
+#[test]
+fn every_pool_is_zero_after_loading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 32);
+    for plugin in test_plugin_paths() {
+        let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
+        // The toy has one layer: pool 0 (K) is uploaded, pool 1 (V) made from it on the device.
+        for i in 0..2 {
+            let pool = model
+                .read_pool(i)
+                .unwrap_or_else(|| panic!("{}: pool {i} missing", plugin.display()));
+            assert_eq!(pool.len(), 32 * BLOCK_SIZE * 4, "{}", plugin.display());
+            assert!(
+                pool.iter().all(|&b| b == 0),
+                "{}: pool {i} is not zero-filled",
+                plugin.display()
+            );
+        }
+        assert!(model.read_pool(2).is_none());
+    }
+}
