@@ -164,13 +164,15 @@ pub struct LoadTimings {
     pub open: Duration,
     /// Loading the plugin and creating the client.
     pub client: Duration,
-    /// Compiling entries (or loading them from the compile cache).
+    /// Compiling entries (or loading them from the compile cache). This phase, the weight upload
+    /// and the pool allocation run at the same time, each timed on its own clock, so the three
+    /// add up to more than `total`.
     pub compile: Duration,
-    /// Uploading weights to the device.
+    /// Uploading weights to the device (overlaps `compile`).
     pub upload_weights: Duration,
-    /// Allocating the K/V pools on the device.
+    /// Allocating the zero-filled K/V pools on the device (overlaps `compile`).
     pub allocate_pools: Duration,
-    /// All of it.
+    /// From the start of loading to ready.
     pub total: Duration,
     /// Entries compiled now.
     pub compiled: usize,
