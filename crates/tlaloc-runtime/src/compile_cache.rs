@@ -1,8 +1,10 @@
 //! The persistent compile cache: serialized executables on disk, keyed by everything that can
 //! change the compiled code.
 //!
-//! Key = sha256 over the plugin's PJRT API version, its platform name and version, the device
-//! kind, the body's sha256 and the compile-option bytes. Value = `LoadedExecutable::serialize()`
+//! Key = sha256 over the plugin's PJRT API version, its platform name and version, the plugin
+//! file (path and size: two builds can share an API and platform version), the device kind,
+//! the compiler flags XLA reads from the environment (`XLA_FLAGS`), the body's sha256 and the
+//! compile-option bytes. Value = `LoadedExecutable::serialize()`
 //! in `<dir>/<key>.bin`, written to a temporary name and renamed, so a reader never sees half
 //! a file. A file that fails to load is treated as a miss and rewritten.
 
@@ -19,8 +21,26 @@ pub struct CacheIdentity {
     pub platform_name: String,
     /// `PJRT_Client_PlatformVersion`.
     pub platform_version: String,
+    /// The plugin file, as `<canonical path>:<size in bytes>`.
+    pub plugin_file: String,
     /// The device kind (e.g. `cpu`, `NVIDIA H200`).
     pub device_kind: String,
+    /// Compiler flags from the environment ([`CacheIdentity::compiler_flags_from_env`]).
+    pub compiler_flags: String,
+}
+
+impl CacheIdentity {
+    /// The flags XLA plugins read from the environment when they compile.
+    pub fn compiler_flags_from_env() -> String {
+        std::env::var("XLA_FLAGS").unwrap_or_default()
+    }
+
+    /// `<canonical path>:<size>` of a plugin file (the path as given when it cannot be read).
+    pub fn plugin_file_of(path: &Path) -> String {
+        let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        let size = std::fs::metadata(&canonical).map(|m| m.len()).unwrap_or(0);
+        format!("{}:{size}", canonical.display())
+    }
 }
 
 /// A cache directory.
@@ -53,7 +73,9 @@ impl CompileCache {
             format!("pjrt-api {major}.{minor}").as_bytes(),
             identity.platform_name.as_bytes(),
             identity.platform_version.as_bytes(),
+            identity.plugin_file.as_bytes(),
             identity.device_kind.as_bytes(),
+            identity.compiler_flags.as_bytes(),
             body_sha256.as_bytes(),
             options,
         ] {
@@ -96,7 +118,9 @@ mod tests {
             api_version: (0, 81),
             platform_name: "cpu".into(),
             platform_version: "1".into(),
+            plugin_file: "/plugins/a.so:10".into(),
             device_kind: "cpu".into(),
+            compiler_flags: String::new(),
         }
     }
 
@@ -131,6 +155,22 @@ mod tests {
             CompileCache::key(
                 &CacheIdentity {
                     device_kind: "NVIDIA H200".into(),
+                    ..identity()
+                },
+                "abc",
+                b"opts",
+            ),
+            CompileCache::key(
+                &CacheIdentity {
+                    plugin_file: "/plugins/a.so:11".into(),
+                    ..identity()
+                },
+                "abc",
+                b"opts",
+            ),
+            CompileCache::key(
+                &CacheIdentity {
+                    compiler_flags: "--xla_gpu_enable_triton_gemm=false".into(),
                     ..identity()
                 },
                 "abc",

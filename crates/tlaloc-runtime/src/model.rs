@@ -218,7 +218,9 @@ impl Model {
             platform_version: client
                 .platform_version()
                 .map_err(pjrt("platform version"))?,
+            plugin_file: CacheIdentity::plugin_file_of(plugin.path()),
             device_kind: device.kind().to_owned(),
+            compiler_flags: CacheIdentity::compiler_flags_from_env(),
         };
         timings.client = phase.elapsed();
 
