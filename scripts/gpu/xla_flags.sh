@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decode speed of one TinyLlama-shape bf16 artifact (batch 1, context 512) under several XLA GPU
-# flag sets, each compiled from scratch (the compile cache is bypassed so that each run pays, and
-# shows, its own compile).   TLALOC=target/release/tlaloc bash scripts/gpu/xla_flags.sh OUT_DIR
+# flag sets, the compile cache bypassed so that every run compiles under its own flags.
+#   TLALOC=target/release/tlaloc bash scripts/gpu/xla_flags.sh OUT_DIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(realpath -m "${1:?usage: xla_flags.sh OUT_DIR}")
