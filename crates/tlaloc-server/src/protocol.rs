@@ -50,140 +50,103 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
-/// Fields shared by both endpoints.
-#[derive(Debug, Clone, Default)]
-pub struct CommonFields {
-    /// The served model name.
-    pub model: Option<String>,
-    /// Generated tokens at most.
-    pub max_tokens: Option<i64>,
-    /// Sampling temperature (0 is greedy).
-    pub temperature: Option<f32>,
-    /// Nucleus mass.
-    pub top_p: Option<f32>,
-    /// Top-k (`-1` or `0`: off).
-    pub top_k: Option<i64>,
-    /// Min-p.
-    pub min_p: Option<f32>,
-    /// Seed of the sampler.
-    pub seed: Option<i64>,
-    /// Stop strings.
-    pub stop: Option<Stop>,
-    /// Stop token ids.
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Presence penalty.
-    pub presence_penalty: Option<f32>,
-    /// Frequency penalty.
-    pub frequency_penalty: Option<f32>,
-    /// Repetition penalty.
-    pub repetition_penalty: Option<f32>,
-    /// Choices.
-    pub n: Option<i64>,
-    /// Stream with SSE.
-    pub stream: Option<bool>,
-    /// Stream options.
-    pub stream_options: Option<StreamOptions>,
-    /// End-user id (logged, not used).
-    pub user: Option<String>,
-    /// Keep going past end-of-sequence tokens.
-    pub ignore_eos: Option<bool>,
-    /// Accepted only when it equals `n`.
-    pub best_of: Option<i64>,
-    /// Accepted only when empty.
-    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+/// Passes the fields both generation endpoints share, written once, to `$callback`, after the
+/// tokens in `{ ... }`.
+macro_rules! with_shared_fields {
+    ($callback:ident { $($before:tt)* }) => {
+        $callback! {
+            $($before)*
+            /// The served model name.
+            model: Option<String>,
+            /// Generated tokens at most.
+            max_tokens: Option<i64>,
+            /// Sampling temperature (0 is greedy).
+            temperature: Option<f32>,
+            /// Nucleus mass.
+            top_p: Option<f32>,
+            /// Top-k (`-1` or `0`: off).
+            top_k: Option<i64>,
+            /// Min-p.
+            min_p: Option<f32>,
+            /// Seed of the sampler.
+            seed: Option<i64>,
+            /// Stop strings.
+            stop: Option<Stop>,
+            /// Stop token ids.
+            stop_token_ids: Option<Vec<u32>>,
+            /// Presence penalty.
+            presence_penalty: Option<f32>,
+            /// Frequency penalty.
+            frequency_penalty: Option<f32>,
+            /// Repetition penalty.
+            repetition_penalty: Option<f32>,
+            /// Choices.
+            n: Option<i64>,
+            /// Stream with SSE.
+            stream: Option<bool>,
+            /// Stream options.
+            stream_options: Option<StreamOptions>,
+            /// End-user id (logged, not used).
+            user: Option<String>,
+            /// Keep going past end-of-sequence tokens.
+            ignore_eos: Option<bool>,
+            /// Accepted only when it equals `n`.
+            best_of: Option<i64>,
+            /// Accepted only when empty.
+            logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+        }
+    };
 }
 
-/// Declares a request body with the fields both generation endpoints share (serde's `flatten`
-/// cannot be combined with `deny_unknown_fields`, and unknown fields are refused here).
-macro_rules! with_common_fields {
-    ($(#[$meta:meta])* $name:ident { $($body:tt)* }) => {
+macro_rules! shared_fields_struct {
+    ($( $(#[$doc:meta])* $field:ident: $ty:ty, )*) => {
+        /// Fields shared by both endpoints.
+        #[derive(Debug, Clone, Default)]
+        pub struct CommonFields {
+            $( $(#[$doc])* pub $field: $ty, )*
+        }
+    };
+}
+
+with_shared_fields!(shared_fields_struct {});
+
+/// Declares a request body with its own fields and the shared ones (serde's `flatten` cannot be
+/// combined with `deny_unknown_fields`, and unknown fields are refused here).
+macro_rules! request_struct {
+    (
+        $(#[$meta:meta])* $name:ident { $( $(#[$own_doc:meta])* $own:ident: $own_ty:ty, )* }
+        $( $(#[$doc:meta])* $field:ident: $ty:ty, )*
+    ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct $name {
-            $($body)*
-            /// The served model name.
-            pub model: Option<String>,
-            /// Generated tokens at most.
-            pub max_tokens: Option<i64>,
-            /// Sampling temperature (0 is greedy).
-            pub temperature: Option<f32>,
-            /// Nucleus mass.
-            pub top_p: Option<f32>,
-            /// Top-k (`-1` or `0`: off).
-            pub top_k: Option<i64>,
-            /// Min-p.
-            pub min_p: Option<f32>,
-            /// Seed of the sampler.
-            pub seed: Option<i64>,
-            /// Stop strings.
-            pub stop: Option<Stop>,
-            /// Stop token ids.
-            pub stop_token_ids: Option<Vec<u32>>,
-            /// Presence penalty.
-            pub presence_penalty: Option<f32>,
-            /// Frequency penalty.
-            pub frequency_penalty: Option<f32>,
-            /// Repetition penalty.
-            pub repetition_penalty: Option<f32>,
-            /// Choices.
-            pub n: Option<i64>,
-            /// Stream with SSE.
-            pub stream: Option<bool>,
-            /// Stream options.
-            pub stream_options: Option<StreamOptions>,
-            /// End-user id (logged, not used).
-            pub user: Option<String>,
-            /// Keep going past end-of-sequence tokens.
-            pub ignore_eos: Option<bool>,
-            /// Accepted only when it equals `n`.
-            pub best_of: Option<i64>,
-            /// Accepted only when empty.
-            pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+            $( $(#[$own_doc])* pub $own: $own_ty, )*
+            $( $(#[$doc])* pub $field: $ty, )*
         }
 
         impl $name {
             /// The shared fields.
             pub fn common(&self) -> CommonFields {
-                CommonFields {
-                    model: self.model.clone(),
-                    max_tokens: self.max_tokens.clone(),
-                    temperature: self.temperature.clone(),
-                    top_p: self.top_p.clone(),
-                    top_k: self.top_k.clone(),
-                    min_p: self.min_p.clone(),
-                    seed: self.seed.clone(),
-                    stop: self.stop.clone(),
-                    stop_token_ids: self.stop_token_ids.clone(),
-                    presence_penalty: self.presence_penalty.clone(),
-                    frequency_penalty: self.frequency_penalty.clone(),
-                    repetition_penalty: self.repetition_penalty.clone(),
-                    n: self.n.clone(),
-                    stream: self.stream.clone(),
-                    stream_options: self.stream_options.clone(),
-                    user: self.user.clone(),
-                    ignore_eos: self.ignore_eos.clone(),
-                    best_of: self.best_of.clone(),
-                    logit_bias: self.logit_bias.clone(),
-                }
+                CommonFields { $( $field: self.$field.clone(), )* }
             }
         }
     };
 }
 
-with_common_fields! {
+with_shared_fields!(request_struct {
     /// `POST /v1/completions`.
     CompletionRequest {
         /// The prompt.
-        pub prompt: Option<Prompt>,
+        prompt: Option<Prompt>,
         /// Top log-probabilities per token (0..=20).
-        pub logprobs: Option<i64>,
+        logprobs: Option<i64>,
         /// Accepted only when false.
-        pub echo: Option<bool>,
+        echo: Option<bool>,
         /// Accepted only when absent.
-        pub suffix: Option<String>,
-}
-}
+        suffix: Option<String>,
+    }
+});
 
 /// Message content: a string or a list of text parts.
 #[derive(Debug, Clone, Deserialize)]
@@ -216,21 +179,21 @@ pub struct ChatMessage {
     pub name: Option<String>,
 }
 
-with_common_fields! {
+with_shared_fields!(request_struct {
     /// `POST /v1/chat/completions`.
     ChatRequest {
         /// The conversation.
-        pub messages: Option<Vec<ChatMessage>>,
+        messages: Option<Vec<ChatMessage>>,
         /// The newer name of `max_tokens`.
-        pub max_completion_tokens: Option<i64>,
+        max_completion_tokens: Option<i64>,
         /// Return log-probabilities of the chosen tokens.
-        pub logprobs: Option<bool>,
+        logprobs: Option<bool>,
         /// Top log-probabilities per token (needs `logprobs`).
-        pub top_logprobs: Option<i64>,
+        top_logprobs: Option<i64>,
         /// End the rendered prompt with the assistant's turn opener (default true).
-        pub add_generation_prompt: Option<bool>,
-}
-}
+        add_generation_prompt: Option<bool>,
+    }
+});
 
 /// `POST /tokenize`: a prompt or a conversation.
 #[derive(Debug, Clone, Deserialize)]
