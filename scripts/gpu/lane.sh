@@ -6,7 +6,7 @@
 # site-packages hold the CUDA PJRT plugin (discovery finds it):
 #   TLALOC=target/release/tlaloc bash scripts/gpu/lane.sh OUT_DIR [correctness|speed|all] [SHAPES]
 # SHAPES: comma list of tinyllama-1.1b,llama3-8b (speed part). Model files are made there, in
-# $TLALOC_GPU_WORK (default /tmp/tlaloc-gpu), never carried.
+# $TLALOC_GPU_WORK (default /tmp/tlaloc-gpu), never copied in.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(realpath -m "${1:?usage: lane.sh OUT_DIR [correctness|speed|all] [SHAPES]}")
