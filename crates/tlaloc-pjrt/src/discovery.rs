@@ -238,32 +238,39 @@ pub fn find(request: &PluginRequest) -> Result<FoundPlugin, NotFound> {
             },
         });
     }
-    let report = search();
-    // An explicit environment override wins over everything, whatever the request.
-    if let Some(first) = report.places.first()
-        && first.origin.starts_with('$')
-        && let Some(plugin) = first.found.first()
-    {
-        return Ok(plugin.clone());
+    search().choose(request)
+}
+
+impl SearchReport {
+    /// The plugin this report offers for a family request (`Auto` or `Kind`); a `Path` request
+    /// is answered by [`find`] without searching.
+    pub fn choose(self, request: &PluginRequest) -> Result<FoundPlugin, NotFound> {
+        // An explicit environment override wins over everything, whatever the request.
+        if let Some(first) = self.places.first()
+            && first.origin.starts_with('$')
+            && let Some(plugin) = first.found.first()
+        {
+            return Ok(plugin.clone());
+        }
+        let plugins = self.plugins();
+        let chosen = match request {
+            PluginRequest::Auto => plugins
+                .iter()
+                .find(|p| {
+                    matches!(
+                        p.kind,
+                        PluginKind::Cuda | PluginKind::Rocm | PluginKind::Tpu
+                    )
+                })
+                .or_else(|| plugins.first()),
+            PluginRequest::Kind(kind) => plugins.iter().find(|p| p.kind == *kind),
+            PluginRequest::Path(path) => plugins.iter().find(|p| p.path == *path),
+        };
+        chosen.cloned().ok_or_else(|| NotFound {
+            request: request.clone(),
+            report: self,
+        })
     }
-    let plugins = report.plugins();
-    let chosen = match request {
-        PluginRequest::Auto => plugins
-            .iter()
-            .find(|p| {
-                matches!(
-                    p.kind,
-                    PluginKind::Cuda | PluginKind::Rocm | PluginKind::Tpu
-                )
-            })
-            .or_else(|| plugins.first()),
-        PluginRequest::Kind(kind) => plugins.iter().find(|p| p.kind == *kind),
-        PluginRequest::Path(_) => unreachable!("handled above"),
-    };
-    chosen.cloned().ok_or_else(|| NotFound {
-        request: request.clone(),
-        report,
-    })
 }
 
 fn file_place(origin: String, path: &Path) -> SearchedPlace {

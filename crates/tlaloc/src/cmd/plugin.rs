@@ -118,16 +118,15 @@ pub fn run(command: PluginCommand) -> Result<()> {
         PluginCommand::List => {
             let report = discovery::search();
             print!("{report}");
-            let plugins = report.plugins();
-            if plugins.is_empty() {
-                println!("no plugin found; install one with `tlaloc plugin install cpu`");
-            } else {
-                let chosen = discovery::find(&PluginRequest::Auto)?;
-                println!(
-                    "default choice: {} ({})",
-                    chosen.path.display(),
-                    chosen.kind
-                );
+            match report.choose(&PluginRequest::Auto) {
+                Ok(chosen) => {
+                    println!(
+                        "default choice: {} ({})",
+                        chosen.path.display(),
+                        chosen.kind
+                    )
+                }
+                Err(_) => println!("no plugin found; install one with `tlaloc plugin install cpu`"),
             }
             Ok(())
         }
