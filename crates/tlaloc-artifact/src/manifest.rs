@@ -14,7 +14,8 @@ use crate::ladder::{EntryKind, Ladder, LadderPoint};
 use crate::paths;
 
 /// The manifest format this crate reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the `nextTokenIds` output.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// File name of the manifest inside an artifact directory.
 pub const MANIFEST_FILE: &str = "tlaloc-serving.json";

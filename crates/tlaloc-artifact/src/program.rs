@@ -38,11 +38,20 @@ pub enum Role {
     BlockTables,
     SeqLens,
     SlotMapping,
-    Weight { slot: String },
-    KPool { layer: usize },
-    VPool { layer: usize },
+    Weight {
+        slot: String,
+    },
+    KPool {
+        layer: usize,
+    },
+    VPool {
+        layer: usize,
+    },
     Logits,
     NextTokens,
+    /// The greedy next token shaped as the next decode step's `tokenIds` (`[B, 1]`), so that
+    /// a runtime can feed one step's output to the next on the device.
+    NextTokenIds,
 }
 
 /// Input `input` is donated to (aliased with) output `output`; both are operand indices.
@@ -125,6 +134,7 @@ impl ProgramSignature {
                 vec![b, manifest.model.vocab_size],
             ),
             spec("nextTokens", Role::NextTokens, Dtype::I32, vec![b]),
+            spec("nextTokenIds", Role::NextTokenIds, Dtype::I32, vec![b, 1]),
         ];
         let mut donations = Vec::with_capacity(2 * kv.num_layers);
         for layer in 0..kv.num_layers {

@@ -77,14 +77,14 @@ fn entries_are_found_through_the_ladder() {
 #[test]
 fn unknown_format_version_is_refused_naming_both_versions() {
     let (_tmp, dir, _) = fixture::written();
-    fixture::edit_manifest(&dir, |m| m["formatVersion"] = 2.into());
+    fixture::edit_manifest(&dir, |m| m["formatVersion"] = 99.into());
     let err = open_err(&dir);
     assert!(
         matches!(
             err,
             ArtifactError::UnsupportedFormatVersion {
-                found: 2,
-                supported: 1
+                found: 99,
+                supported: 2
             }
         ),
         "{err:?}"

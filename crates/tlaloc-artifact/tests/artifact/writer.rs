@@ -64,7 +64,7 @@ fn manifest_json_uses_the_documented_camel_case_shape() {
     let (_tmp, dir, written) = fixture::written();
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(MANIFEST_FILE)).expect("read")).unwrap();
-    assert_eq!(m["formatVersion"], 1);
+    assert_eq!(m["formatVersion"], 2);
     assert_eq!(m["model"]["numKvHeads"], 1);
     assert_eq!(m["model"]["ropeScaling"]["type"], "llama3");
     assert_eq!(
@@ -89,8 +89,10 @@ fn manifest_json_uses_the_documented_camel_case_shape() {
     assert_eq!(p["inputs"][0]["role"]["kind"], "tokenIds");
     assert_eq!(p["inputs"][5]["role"]["kind"], "weight");
     assert_eq!(p["inputs"][5]["role"]["slot"], "embed_tokens");
-    assert_eq!(p["outputs"][2]["role"]["kind"], "kPool");
-    assert_eq!(p["outputs"][2]["role"]["layer"], 0);
+    assert_eq!(p["outputs"][2]["role"]["kind"], "nextTokenIds");
+    assert_eq!(p["outputs"][2]["dims"], serde_json::json!([entry.batch, 1]));
+    assert_eq!(p["outputs"][3]["role"]["kind"], "kPool");
+    assert_eq!(p["outputs"][3]["role"]["layer"], 0);
 }
 
 #[test]
@@ -120,6 +122,11 @@ fn expected_signature_follows_the_contract_order() {
     assert_eq!(sig.outputs[0].dims, vec![b, manifest.model.vocab_size]);
     assert_eq!(sig.outputs[0].dtype, Dtype::F32);
     assert_eq!(sig.outputs[1].dtype, Dtype::I32);
+    assert_eq!(sig.outputs[2].name, "nextTokenIds");
+    assert_eq!(
+        (sig.outputs[2].dtype, &sig.outputs[2].dims),
+        (Dtype::I32, &vec![b, 1])
+    );
     assert_eq!(sig.donations.len(), 2 * manifest.model.num_layers);
     for d in &sig.donations {
         assert_eq!(sig.inputs[d.input], sig.outputs[d.output]);

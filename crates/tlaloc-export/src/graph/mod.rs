@@ -20,11 +20,13 @@
 //! output column is the same dot product over the same weights. The
 //! last real token of each row (the lowest `t` whose position is `seqLen - 1`) is picked by a
 //! mask and a reduction, then final norm, LM head (the embedding matrix when tied), logits f32
-//! and the greedy next token (argmax, lowest index on ties) as i32.
+//! and the greedy next token (argmax, lowest index on ties) as i32, both as `nextTokens [B]`
+//! and as `nextTokenIds [B, 1]`, the shape of a decode step's `tokenIds`.
 //!
 //! Dtypes. f32: everything f32, every `dot_general` at `HIGHEST` precision. bf16: the matrix
 //! weights (embedding, projections, LM head) and the KV pools are bf16; each projection converts
-//! its f32 input to bf16 and multiplies bf16 x bf16 with an f32 result; the residual stream,
+//! its f32 input to bf16 and multiplies bf16 x bf16 with an f32 result (for a single row, as a
+//! multiply and an f32 reduction rather than a `dot_general`: see `linear`); the residual stream,
 //! RMSNorm (and its weights), biases, RoPE, attention scores and softmax are f32. The
 //! attention dots read the gathered bf16 pages as they are (widening every page to f32 would
 //! cost a pass over the whole context per layer): q and the softmax probabilities are rounded
@@ -256,15 +258,33 @@ impl Graph {
         } else {
             self.f.convert(x, self.matrix)?
         };
-        let dims = DotDims {
-            lhs_contract: vec![1],
-            rhs_contract: vec![1],
-            ..DotDims::default()
+        let (n, inner) = {
+            let d = self.dims(x)?;
+            (d[0], d[1])
         };
-        let precision = self.precision(self.matrix);
-        let y = self
-            .f
-            .dot_general(x, w, &dims, precision, Some(DType::F32))?;
+        let out = self.dims(w)?[0];
+        let y = if n == 1 && self.matrix != DType::F32 {
+            // One row against a low-precision matrix: multiply and reduce in f32 instead of a
+            // dot. XLA GPU runs this as a reduction fusion that streams the weight at a higher
+            // fraction of memory bandwidth than its GEMM for M = 1 (scripts/gpu/matvec_probe.py);
+            // the products are the same bf16 x bf16 values accumulated in f32.
+            let x = self.f.convert(x, DType::F32)?;
+            let x = self.f.reshape(x, [inner])?;
+            let x = self.f.broadcast_in_dim(x, [out, inner], [1])?;
+            let w = self.f.convert(w, DType::F32)?;
+            let products = self.f.mul(x, w)?;
+            let y = self.f.reduce_sum(products, [1])?;
+            self.f.reshape(y, [1, out])?
+        } else {
+            let dims = DotDims {
+                lhs_contract: vec![1],
+                rhs_contract: vec![1],
+                ..DotDims::default()
+            };
+            let precision = self.precision(self.matrix);
+            self.f
+                .dot_general(x, w, &dims, precision, Some(DType::F32))?
+        };
         match bias {
             None => Ok(y),
             Some(bias) => {
@@ -544,8 +564,9 @@ fn build(
     };
     let logits = g.linear(last, head, None)?;
     let (_, next_tokens) = g.f.argmax(logits, 1, DType::I32)?;
+    let next_token_ids = g.f.reshape(next_tokens, [b, 1])?;
 
-    let mut results = vec![logits, next_tokens];
+    let mut results = vec![logits, next_tokens, next_token_ids];
     for (i, &(k_pool, v_pool)) in pools.iter().enumerate() {
         g.f.donate(k_pool, results.len() + 2 * i)?;
         g.f.donate(v_pool, results.len() + 2 * i + 1)?;

@@ -270,10 +270,17 @@ impl Runner {
         let mut outputs = exe
             .execute(args)
             .unwrap_or_else(|e| panic!("running {}: {e}", point.name()));
-        let pools = outputs.split_off(2);
+        let pools = outputs.split_off(3);
         self.pools = pools;
         let logits: Vec<f32> = outputs[0].to_host_vec().unwrap();
         let next_tokens: Vec<i32> = outputs[1].to_host_vec().unwrap();
+        let next_token_ids: Vec<i32> = outputs[2].to_host_vec().unwrap();
+        assert_eq!(
+            next_token_ids,
+            next_tokens,
+            "{}: nextTokenIds [B, 1] must hold the nextTokens values",
+            point.name()
+        );
         StepOutput {
             vocab: logits.len() / b,
             logits,
