@@ -14,13 +14,17 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTimings};
 use crate::model::Platform;
+
+/// The longest stretch of decode steps chained on the device before their tokens are read
+/// back: it bounds the burst in which a stream receives tokens.
+pub const DECODE_CHAIN_WINDOW: Duration = Duration::from_millis(20);
 use crate::scheduler::{
     self, Finish, FinishReason, GenerateRequest, Ladder, LadderError, Refusal, RequestId,
     RequestTimings, Scheduler, TokenUpdate, Usage,
@@ -89,6 +93,9 @@ pub struct StepStats {
     pub decode_rows: u64,
     /// Time of decode steps, by phase.
     pub decode_time: StepTimings,
+    /// Decode steps that ran chained after another on the device (their token ids never
+    /// came through the host).
+    pub decode_chained_steps: u64,
 }
 
 /// A snapshot of the engine's state.
@@ -539,8 +546,18 @@ impl<E: ModelExecutor> Actor<E> {
         };
         let build = started.elapsed();
         let started = Instant::now();
-        let output = match self.executor.step(&step.entry, &step.inputs) {
-            Ok(output) => output,
+        let result = if step.chain.is_empty() {
+            self.executor
+                .step(&step.entry, &step.inputs)
+                .map(|output| vec![output])
+        } else {
+            let mut steps = Vec::with_capacity(1 + step.chain.len());
+            steps.push(step.inputs.clone());
+            steps.extend(step.chain.iter().cloned());
+            self.executor.decode_chain(&step.entry, &steps)
+        };
+        let outputs = match result {
+            Ok(outputs) => outputs,
             Err(err) => {
                 // The pools' state is unknown after a failed step: end everything in flight.
                 tracing::error!(entry = %step.entry, error = %err, "step failed");
@@ -551,31 +568,57 @@ impl<E: ModelExecutor> Actor<E> {
             }
         };
         let wall = started.elapsed();
-        let mut timings = output.timings;
-        timings.build = build;
-        timings.other = wall.saturating_sub(timings.upload + timings.execute + timings.readback);
-        let steps = &mut self.totals.steps;
-        match step.entry.kind {
-            EntryKind::Prefill => {
-                steps.prefill_steps += 1;
-                steps.prefill_tokens += step.rows.iter().map(|r| r.tokens as u64).sum::<u64>();
-                steps.prefill_time += timings;
-            }
-            EntryKind::Decode => {
-                steps.decode_steps += 1;
-                steps.decode_rows += step.rows.len() as u64;
-                steps.decode_time += timings;
-            }
+        if step.entry.kind == EntryKind::Decode {
+            self.observe_decode_time(wall / outputs.len() as u32);
         }
-        match self.scheduler.complete(&step, &output) {
-            Ok(updates) => self.deliver(updates),
-            Err(err) => {
-                tracing::error!(error = %err, "step output refused");
-                for (id, _) in self.scheduler.abort_all() {
-                    self.fail(id, err.to_string());
+        let phases = outputs.iter().fold(StepTimings::default(), |mut sum, o| {
+            sum += o.timings;
+            sum
+        });
+        let other = wall.saturating_sub(phases.upload + phases.execute + phases.readback);
+        for (k, output) in outputs.iter().enumerate() {
+            let mut timings = output.timings;
+            // The host's own time belongs to the chain's first step.
+            if k == 0 {
+                timings.build = build;
+                timings.other = other;
+            }
+            let steps = &mut self.totals.steps;
+            match step.entry.kind {
+                EntryKind::Prefill => {
+                    steps.prefill_steps += 1;
+                    steps.prefill_tokens += step.rows.iter().map(|r| r.tokens as u64).sum::<u64>();
+                    steps.prefill_time += timings;
+                }
+                EntryKind::Decode => {
+                    steps.decode_steps += 1;
+                    steps.decode_rows += step.rows.len() as u64;
+                    steps.decode_time += timings;
+                    steps.decode_chained_steps += u64::from(k > 0);
+                }
+            }
+            match self.scheduler.complete(&step, output) {
+                Ok(updates) => self.deliver(updates),
+                Err(err) => {
+                    tracing::error!(error = %err, "step output refused");
+                    for (id, _) in self.scheduler.abort_all() {
+                        self.fail(id, err.to_string());
+                    }
+                    return;
                 }
             }
         }
+    }
+
+    /// Sets the next decode chain from the measured time of one decode step: as many steps
+    /// as fit in [`DECODE_CHAIN_WINDOW`] (tokens then stream in bursts no longer than that),
+    /// at most the executor's limit. A step long enough that the host's part is negligible
+    /// (a CPU) is never chained.
+    fn observe_decode_time(&mut self, per_step: Duration) {
+        let per_step = per_step.max(Duration::from_micros(1));
+        let fits = (DECODE_CHAIN_WINDOW.as_nanos() / per_step.as_nanos()) as usize;
+        let chain = fits.clamp(1, self.executor.max_decode_chain().max(1));
+        self.scheduler.set_max_decode_chain(chain);
     }
 
     fn deliver(&mut self, updates: Vec<TokenUpdate>) {

@@ -199,4 +199,39 @@ pub trait ModelExecutor {
 
     /// Runs `entry` on `inputs`; the K/V pools are updated in place (on the device).
     fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError>;
+
+    /// The longest decode chain ([`decode_chain`](Self::decode_chain)) the engine may ask for;
+    /// 1 turns chaining off.
+    fn max_decode_chain(&self) -> usize {
+        1
+    }
+
+    /// Runs the decode entry `entry` once per element of `steps`, in order, and returns every
+    /// step's output. The first step's token ids are `steps[0].token_ids`; each later step's
+    /// token ids are the previous step's greedy next tokens (its own `token_ids` are ignored),
+    /// which a device executor passes from one step to the next without the host, so the
+    /// device never waits for the host between the steps of a chain.
+    ///
+    /// This default feeds the tokens through the host, one [`step`](Self::step) at a time.
+    fn decode_chain(
+        &mut self,
+        entry: &EntryKey,
+        steps: &[StepInputs],
+    ) -> Result<Vec<StepOutput>, ExecutorError> {
+        let mut outputs: Vec<StepOutput> = Vec::with_capacity(steps.len());
+        for inputs in steps {
+            let output = match outputs.last() {
+                None => self.step(entry, inputs)?,
+                Some(previous) => {
+                    let fed = StepInputs {
+                        token_ids: previous.next_tokens.clone(),
+                        ..inputs.clone()
+                    };
+                    self.step(entry, &fed)?
+                }
+            };
+            outputs.push(output);
+        }
+        Ok(outputs)
+    }
 }

@@ -21,7 +21,7 @@ pub use executor::{
     EntryKey, EntryKind, ExecutorError, LoadTimings, ModelExecutor, ModelShape, StepInputs,
     StepOutput, StepTimings,
 };
-pub use model::{CompileMode, LoadError, LoadOptions, Model, Platform};
+pub use model::{CompileMode, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model, Platform};
 pub use sampling::{Sampled, SamplingParams};
 pub use scheduler::{
     FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, StopParams, Usage,

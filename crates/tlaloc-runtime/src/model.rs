@@ -63,7 +63,13 @@ pub struct LoadOptions {
     /// For GPU plugins: the fraction of device memory the allocator may use (plugin default
     /// when `None`); memory is never preallocated.
     pub gpu_memory_fraction: Option<f32>,
+    /// The most decode steps the engine may chain on the device without reading tokens back
+    /// in between (see [`ModelExecutor::decode_chain`]); 1 reads every step's tokens.
+    pub max_decode_chain: usize,
 }
+
+/// [`LoadOptions::max_decode_chain`] by default.
+pub const DEFAULT_MAX_DECODE_CHAIN: usize = 8;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -73,6 +79,7 @@ impl Default for LoadOptions {
             compile: CompileMode::Eager,
             compile_cache: Some(CompileCache::default_dir()),
             gpu_memory_fraction: None,
+            max_decode_chain: DEFAULT_MAX_DECODE_CHAIN,
         }
     }
 }
@@ -117,6 +124,8 @@ struct ArgPlan {
     inputs: Vec<Source>,
     logits: usize,
     next_tokens: usize,
+    /// The `[B, 1]` copy of `next_tokens` that a chained decode step takes as its token ids.
+    next_token_ids: usize,
     /// Output index of each pool (pool `i` = layer `i / 2`, K then V).
     pool_outputs: Vec<usize>,
 }
@@ -153,6 +162,7 @@ pub struct Model {
     cache: Option<CompileCache>,
     platform: Platform,
     compile_options: CompileOptions,
+    max_decode_chain: usize,
 }
 
 fn element_type(dtype: Dtype) -> ElementType {
@@ -335,6 +345,7 @@ impl Model {
             entries,
             shape,
             load_timings: LoadTimings::default(),
+            max_decode_chain: options.max_decode_chain.max(1),
         };
 
         timings.total = started.elapsed();
@@ -643,11 +654,13 @@ fn arg_plan(
     }
     let mut logits = None;
     let mut next_tokens = None;
+    let mut next_token_ids = None;
     let mut pool_outputs = vec![usize::MAX; 2 * num_layers];
     for (i, spec) in signature.outputs.iter().enumerate() {
         match &spec.role {
             Role::Logits => logits = Some(i),
             Role::NextTokens => next_tokens = Some(i),
+            Role::NextTokenIds => next_token_ids = Some(i),
             Role::KPool { layer } if *layer < num_layers => pool_outputs[2 * layer] = i,
             Role::VPool { layer } if *layer < num_layers => pool_outputs[2 * layer + 1] = i,
             other => {
@@ -681,6 +694,8 @@ fn arg_plan(
         inputs,
         logits: logits.ok_or_else(|| unsupported("no logits output".into()))?,
         next_tokens: next_tokens.ok_or_else(|| unsupported("no nextTokens output".into()))?,
+        next_token_ids: next_token_ids
+            .ok_or_else(|| unsupported("no nextTokenIds output".into()))?,
         pool_outputs,
     })
 }
@@ -699,6 +714,56 @@ impl ModelExecutor for Model {
     }
 
     fn step(&mut self, key: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
+        let launched = self.launch(key, inputs, None)?;
+        self.read(key, launched, inputs.want_logits)
+    }
+
+    fn max_decode_chain(&self) -> usize {
+        self.max_decode_chain
+    }
+
+    fn decode_chain(
+        &mut self,
+        key: &EntryKey,
+        steps: &[StepInputs],
+    ) -> Result<Vec<StepOutput>, ExecutorError> {
+        // Every step is launched before any result is read: the device runs them back to back,
+        // each taking the previous step's `nextTokenIds` buffer as its token ids.
+        let mut launched: Vec<Launched> = Vec::with_capacity(steps.len());
+        for inputs in steps {
+            let fed = launched.last().map(|previous| {
+                previous.outputs[self.entries[key].plan.next_token_ids]
+                    .as_ref()
+                    .expect("outputs other than the pools are kept")
+            });
+            let step = self.launch(key, inputs, fed)?;
+            launched.push(step);
+        }
+        launched
+            .into_iter()
+            .zip(steps)
+            .map(|(step, inputs)| self.read(key, step, inputs.want_logits))
+            .collect()
+    }
+}
+
+/// A launched step: its outputs (the pools already taken back by the model), the input
+/// buffers that must outlive the launch, and the host time spent so far.
+struct Launched {
+    outputs: Vec<Option<Buffer>>,
+    _inputs: Vec<Buffer>,
+    timings: StepTimings,
+}
+
+impl Model {
+    /// Uploads the step inputs (the token ids from `fed` when given, a `[B, 1]` device buffer)
+    /// and launches `key` without waiting for the device.
+    fn launch(
+        &mut self,
+        key: &EntryKey,
+        inputs: &StepInputs,
+        fed: Option<&Buffer>,
+    ) -> Result<Launched, ExecutorError> {
         if !self.entries.contains_key(key) {
             return Err(ExecutorError::UnknownEntry(*key));
         }
@@ -724,6 +789,12 @@ impl ModelExecutor for Model {
             (&inputs.seq_lens, vec![b as i64]),
             (&inputs.slot_mapping, vec![(b * t) as i64]),
         ];
+        if fed.is_some() && t != 1 {
+            return Err(ExecutorError::BadInputs {
+                entry: *key,
+                what: "device-fed token ids on an entry of more than one token per row".into(),
+            });
+        }
         let mut timings = StepTimings::default();
         let started = Instant::now();
         if self.pools.iter().any(Option::is_none) {
@@ -732,13 +803,16 @@ impl ModelExecutor for Model {
                 .map_err(|e| Self::device_error(key, "reallocating the K/V pools", e))?;
         }
         let mut step_buffers = Vec::with_capacity(5);
-        for (data, dims) in &shapes {
+        for (i, (data, dims)) in shapes.iter().enumerate() {
             let expected: i64 = dims.iter().product();
             if data.len() as i64 != expected {
                 return Err(ExecutorError::BadInputs {
                     entry: *key,
                     what: format!("an input of {} values for dims {dims:?}", data.len()),
                 });
+            }
+            if i == 0 && fed.is_some() {
+                continue;
             }
             step_buffers.push(
                 self.client
@@ -751,12 +825,18 @@ impl ModelExecutor for Model {
         let state = &self.entries[key];
         let plan = &state.plan;
         let executable = state.executable.as_ref().expect("compiled above");
+        // Host inputs in role order; the token ids come from the device when fed.
+        let step_input = |i: usize| match fed {
+            Some(tokens) if i == 0 => tokens,
+            Some(_) => &step_buffers[i - 1],
+            None => &step_buffers[i],
+        };
         let mut donated: Vec<Option<Buffer>> = self.pools.iter_mut().map(Option::take).collect();
         let args: Vec<ExecuteArg<'_>> = plan
             .inputs
             .iter()
             .map(|source| match *source {
-                Source::Step(i) => ExecuteArg::Borrowed(&step_buffers[i]),
+                Source::Step(i) => ExecuteArg::Borrowed(step_input(i)),
                 Source::Weight(i) => ExecuteArg::Borrowed(&self.weights[i]),
                 Source::Pool(i) => {
                     ExecuteArg::Donated(donated[i].take().expect("every pool present"))
@@ -772,7 +852,26 @@ impl ModelExecutor for Model {
         for (pool, &output) in plan.pool_outputs.iter().enumerate() {
             self.pools[pool] = outputs.get_mut(output).and_then(Option::take);
         }
+        Ok(Launched {
+            outputs,
+            _inputs: step_buffers,
+            timings,
+        })
+    }
 
+    /// Waits for a launched step and copies its next tokens (and logits when wanted) back.
+    fn read(
+        &self,
+        key: &EntryKey,
+        launched: Launched,
+        want_logits: bool,
+    ) -> Result<StepOutput, ExecutorError> {
+        let plan = &self.entries[key].plan;
+        let Launched {
+            outputs,
+            mut timings,
+            ..
+        } = launched;
         let started = Instant::now();
         let read = |index: usize| {
             outputs
@@ -786,7 +885,7 @@ impl ModelExecutor for Model {
         let next_tokens = read(plan.next_tokens)?
             .to_host_vec::<i32>()
             .map_err(|e| Self::device_error(key, "reading nextTokens", e))?;
-        let logits = if inputs.want_logits {
+        let logits = if want_logits {
             Some(
                 read(plan.logits)?
                     .to_host_vec::<f32>()
@@ -796,8 +895,6 @@ impl ModelExecutor for Model {
             None
         };
         timings.readback = started.elapsed();
-        drop(outputs);
-        drop(step_buffers);
         Ok(StepOutput {
             next_tokens,
             logits,

@@ -401,6 +401,14 @@ pub struct ScheduledStep {
     pub inputs: StepInputs,
     /// The live rows, in row order (rows past them are padding).
     pub rows: Vec<RowPlan>,
+    /// Decode steps chained after this one ([`ModelExecutor::decode_chain`]): step `k`'s
+    /// inputs for the same rows, each row one token further on. Their token ids are the
+    /// previous step's next tokens, known only on the device; a row whose token budget ends
+    /// earlier writes nothing there (slot -1), and its extra tokens are dropped. Empty unless
+    /// every row decodes greedily without logprobs.
+    ///
+    /// [`ModelExecutor::decode_chain`]: crate::ModelExecutor::decode_chain
+    pub chain: Vec<StepInputs>,
 }
 
 /// The step's output did not fit the step.
@@ -437,6 +445,7 @@ pub struct Scheduler {
     running: Vec<Sequence>,
     last_was_prefill: bool,
     preemptions: u64,
+    max_decode_chain: usize,
 }
 
 impl Scheduler {
@@ -451,7 +460,14 @@ impl Scheduler {
             running: Vec::new(),
             last_was_prefill: false,
             preemptions: 0,
+            max_decode_chain: 1,
         })
+    }
+
+    /// The most decode steps a scheduled step may chain (1, the default, chains none). The
+    /// engine sets it from the executor's limit and the measured step time.
+    pub fn set_max_decode_chain(&mut self, steps: usize) {
+        self.max_decode_chain = steps.max(1);
     }
 
     /// The ladder.
@@ -554,7 +570,14 @@ impl Scheduler {
             self.schedule_prefill()
         } else if has_decode {
             self.last_was_prefill = false;
-            self.schedule_decode()
+            // A chain would hold back the prompts waiting for prefill: chain only without them.
+            let chain = self.max_decode_chain;
+            if has_prefill || !self.waiting.is_empty() {
+                self.max_decode_chain = 1;
+            }
+            let step = self.schedule_decode();
+            self.max_decode_chain = chain;
+            step
         } else {
             return Ok(None);
         };
@@ -672,6 +695,7 @@ impl Scheduler {
             .ladder
             .select(EntryKind::Decode, rows.len(), 1, context)
             .map_err(|e| (e, rows.clone()))?;
+        let chain = self.chain_length(&rows, entry);
         let plans: Vec<RowPlan> = rows
             .iter()
             .map(|&id| RowPlan {
@@ -680,7 +704,74 @@ impl Scheduler {
                 emits: true,
             })
             .collect();
-        Ok(Some(self.build(entry, plans)))
+        let mut step = self.build(entry, plans);
+        step.chain = self.build_chain(&step, chain);
+        Ok(Some(step))
+    }
+
+    /// How many decode steps the rows can run back to back (1 = no chain): every row must take
+    /// the in-graph argmax without logprobs (its next token is then known on the device), the
+    /// chain stays inside the entry's context bucket, runs no longer than the longest row's
+    /// remaining token budget, and takes its extra pages from free pages only (a chain never
+    /// preempts anyone).
+    fn chain_length(&mut self, rows: &[RequestId], entry: EntryKey) -> usize {
+        if self.max_decode_chain <= 1 {
+            return 1;
+        }
+        let greedy = rows.iter().all(|id| {
+            let s = self.seq(*id);
+            s.sampler.params().uses_in_graph_argmax() && s.logprobs.is_none()
+        });
+        if !greedy {
+            return 1;
+        }
+        let budget = |s: &Sequence| s.max_tokens.saturating_sub(s.output_len()).max(1);
+        let longest = rows.iter().map(|id| budget(self.seq(*id))).max();
+        let max_len = rows.iter().map(|id| self.seq(*id).tokens.len()).max();
+        let (Some(longest), Some(max_len)) = (longest, max_len) else {
+            return 1;
+        };
+        let chain = self
+            .max_decode_chain
+            .min(longest)
+            .min((entry.context + 1).saturating_sub(max_len))
+            .max(1);
+        for id in rows {
+            let i = self.running.iter().position(|s| s.id == *id);
+            let Some(seq) = i.map(|i| &mut self.running[i]) else {
+                return 1;
+            };
+            let last = seq.tokens.len() - 1 + budget(seq).min(chain) - 1;
+            if !self.pool.grow_to(&mut seq.pages, last + 1) {
+                return 1;
+            }
+        }
+        chain
+    }
+
+    /// The inputs of the chained steps 1..`chain` after the decode step `step`.
+    fn build_chain(&self, step: &ScheduledStep, chain: usize) -> Vec<StepInputs> {
+        let bs = self.pool.block_size();
+        let mut chained = Vec::with_capacity(chain.saturating_sub(1));
+        let mut inputs = step.inputs.clone();
+        for k in 1..chain {
+            for (r, plan) in step.rows.iter().enumerate() {
+                let seq = self.seq(plan.id);
+                inputs.token_ids[r] = 0;
+                if k >= seq.max_tokens.saturating_sub(seq.output_len()) {
+                    // Past this row's budget: compute, write nothing, drop the token.
+                    inputs.slot_mapping[r] = -1;
+                    continue;
+                }
+                let pos = seq.tokens.len() - 1 + k;
+                inputs.positions[r] = pos as i32;
+                inputs.seq_lens[r] = (pos + 1) as i32;
+                let page = seq.pages[pos / bs] as usize;
+                inputs.slot_mapping[r] = (page * bs + pos % bs) as i32;
+            }
+            chained.push(inputs.clone());
+        }
+        chained
     }
 
     fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
@@ -781,6 +872,7 @@ impl Scheduler {
             entry,
             inputs,
             rows,
+            chain: Vec::new(),
         }
     }
 

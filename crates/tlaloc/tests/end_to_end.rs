@@ -157,7 +157,7 @@ fn load(dir: &Path, plugin: &Path) -> EngineHandle {
             verify: false,
             compile: CompileMode::Lazy,
             compile_cache: Some(compile_cache().to_owned()),
-            gpu_memory_fraction: None,
+            ..LoadOptions::default()
         },
     )
     .unwrap_or_else(|e| panic!("loading {} on {}: {e}", dir.display(), plugin.display()))

@@ -385,3 +385,36 @@ fn prompts_at_chunk_boundaries_and_of_one_token_match_the_reference() {
     }
     assert_all_pages_free(&engine);
 }
+
+#[test]
+fn chained_decode_gives_the_same_ids_and_stops_inside_a_chain() {
+    let eos = 17;
+    let model = FakeModel::new(grid(&[1, 2, 4, 8], &[4, 16], &[32, 64, 128]), 4, 256)
+        .with_eos(vec![eos])
+        .with_chain(8);
+    let engine = Engine::start(model).unwrap();
+    // Budgets of 1 to 29 tokens, so rows end at every offset inside a chain; eos ends some.
+    let streams: Vec<_> = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let max_tokens = 1 + 4 * i;
+            let rx = engine
+                .submit(GenerateRequest::greedy(p.clone(), max_tokens))
+                .unwrap()
+                .1;
+            (p, max_tokens, rx)
+        })
+        .collect();
+    for (p, max_tokens, rx) in streams {
+        let (ids, _) = collect_ids(rx);
+        assert_eq!(ids, reference_generate(&p, max_tokens, &[eos]), "{p:?}");
+    }
+    let stats = engine.stats();
+    assert!(
+        stats.steps.decode_chained_steps > 0,
+        "nothing chained: {stats:?}"
+    );
+    assert_all_pages_free(&engine);
+    engine.shutdown();
+}

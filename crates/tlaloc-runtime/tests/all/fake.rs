@@ -63,6 +63,7 @@ pub struct FakeModel {
     shape: ModelShape,
     pool: Vec<Option<(u32, usize)>>,
     gate: Option<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+    max_chain: usize,
 }
 
 impl FakeModel {
@@ -79,6 +80,7 @@ impl FakeModel {
             },
             pool: vec![None; num_blocks * block_size],
             gate: None,
+            max_chain: 1,
         }
     }
 
@@ -86,6 +88,13 @@ impl FakeModel {
     /// a test can hold the engine between two steps.
     pub fn with_gate(mut self, gate: std::sync::mpsc::Receiver<()>) -> Self {
         self.gate = Some(std::sync::Mutex::new(gate));
+        self
+    }
+
+    /// Lets the engine chain up to `steps` decode steps (fed through the host by the trait's
+    /// own `decode_chain`).
+    pub fn with_chain(mut self, steps: usize) -> Self {
+        self.max_chain = steps;
         self
     }
 
@@ -122,6 +131,10 @@ pub fn grid(batches: &[usize], chunks: &[usize], contexts: &[usize]) -> Vec<Entr
 impl ModelExecutor for FakeModel {
     fn shape(&self) -> &ModelShape {
         &self.shape
+    }
+
+    fn max_decode_chain(&self) -> usize {
+        self.max_chain
     }
 
     fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {

@@ -18,7 +18,7 @@ fn options(plugin: &Path, cache: Option<PathBuf>, compile: CompileMode) -> LoadO
         verify: true,
         compile,
         compile_cache: cache,
-        gpu_memory_fraction: None,
+        ..LoadOptions::default()
     }
 }
 
@@ -276,5 +276,54 @@ fn every_pool_is_zero_after_loading() {
             );
         }
         assert!(model.read_pool(2).is_none());
+    }
+}
+
+#[test]
+fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 64);
+    for plugin in test_plugin_paths() {
+        let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
+        // Budgets that end at different offsets inside a chain of up to eight steps.
+        let streams: Vec<_> = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let max_tokens = 2 + 2 * i;
+                let rx = engine
+                    .submit(GenerateRequest::greedy(p.clone(), max_tokens))
+                    .unwrap()
+                    .1;
+                (p, max_tokens, rx)
+            })
+            .collect();
+        for (p, max_tokens, mut rx) in streams {
+            let mut ids = Vec::new();
+            while let Some(event) = rx.blocking_recv() {
+                match event {
+                    tlaloc_runtime::TokenEvent::Token { id, .. } => ids.push(id),
+                    tlaloc_runtime::TokenEvent::Finished { .. } => break,
+                    tlaloc_runtime::TokenEvent::Error { message } => {
+                        panic!("{}: {message}", plugin.display())
+                    }
+                }
+            }
+            assert_eq!(
+                ids,
+                reference_generate(&p, max_tokens),
+                "{}",
+                plugin.display()
+            );
+        }
+        let stats = engine.stats();
+        assert!(
+            stats.steps.decode_chained_steps > 0,
+            "{}: nothing chained: {stats:?}",
+            plugin.display()
+        );
+        assert_eq!(stats.kv_pages_used, 0);
+        engine.shutdown();
     }
 }

@@ -206,3 +206,101 @@ fn a_pool_that_cannot_hold_one_sequence_is_refused_by_name() {
         }
     );
 }
+
+#[test]
+fn a_greedy_decode_chains_steps_one_token_further_and_writes_nothing_past_a_budget() {
+    let bs = 4;
+    let mut model = FakeModel::new(grid(&[1, 2], &[4], &[32]), bs, 32);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    s.set_max_decode_chain(4);
+    let (long, short) = (vec![5, 6, 7], vec![9, 8]);
+    s.add(1, GenerateRequest::greedy(long.clone(), 10)).unwrap();
+    s.add(2, GenerateRequest::greedy(short.clone(), 2)).unwrap();
+    let mut out: [Vec<u32>; 2] = Default::default();
+    fn collect(out: &mut [Vec<u32>; 2], updates: Vec<tlaloc_runtime::scheduler::TokenUpdate>) {
+        for u in updates {
+            out[u.id as usize - 1].push(u.sampled.token);
+        }
+    }
+    // Prefill 1, a decode of 1 while 2 waits (never chained: it would hold 2's prompt back),
+    // prefill 2.
+    for kind in [EntryKind::Prefill, EntryKind::Decode, EntryKind::Prefill] {
+        let step = s.schedule().unwrap().expect("a step");
+        assert_eq!(step.entry.kind, kind);
+        assert!(step.chain.is_empty(), "{kind:?} step chained");
+        let o = model.step(&step.entry, &step.inputs).unwrap();
+        collect(&mut out, s.complete(&step, &o).unwrap());
+    }
+    // Both decode: 1 has 5 tokens (2 generated, 8 to go), 2 has 3 (1 generated, 1 to go).
+    let step = s.schedule().unwrap().expect("a step");
+    assert_eq!(step.entry.kind, EntryKind::Decode);
+    assert_eq!(step.chain.len(), 3, "four steps in all");
+    let cols = step.entry.context / bs;
+    for (k, inputs) in step.chain.iter().enumerate().map(|(i, x)| (i + 1, x)) {
+        let pos = 4 + k;
+        assert_eq!(inputs.positions[0], pos as i32, "step {k}");
+        assert_eq!(inputs.seq_lens[0], pos as i32 + 1, "step {k}");
+        let page = inputs.block_tables[pos / bs];
+        assert!(page > 0, "step {k}: position {pos} has no page");
+        assert_eq!(inputs.slot_mapping[0], page * bs as i32 + (pos % bs) as i32);
+        // Row 2's budget ended with step 0: it writes nothing and keeps its last inputs.
+        assert_eq!(inputs.slot_mapping[1], -1, "step {k}");
+        assert_eq!(inputs.positions[1], step.inputs.positions[1]);
+        assert_eq!(inputs.seq_lens[1], step.inputs.seq_lens[1]);
+        assert_eq!(inputs.block_tables, step.inputs.block_tables);
+        assert!(!inputs.want_logits);
+    }
+    assert_eq!(step.inputs.block_tables.len(), 2 * cols);
+    let mut all = vec![step.inputs.clone()];
+    all.extend(step.chain.iter().cloned());
+    for o in model.decode_chain(&step.entry, &all).unwrap() {
+        collect(&mut out, s.complete(&step, &o).unwrap());
+    }
+    // 1 gained four tokens, 2 only the one its budget allowed.
+    assert_eq!(out[0].len(), 6);
+    assert_eq!(out[1].len(), 2);
+    while s.has_work() {
+        let step = s.schedule().unwrap().expect("a step");
+        let mut all = vec![step.inputs.clone()];
+        all.extend(step.chain.iter().cloned());
+        for o in model.decode_chain(&step.entry, &all).unwrap() {
+            collect(&mut out, s.complete(&step, &o).unwrap());
+        }
+    }
+    assert_eq!(out[0], crate::fake::reference_generate(&long, 10, &[]));
+    assert_eq!(out[1], crate::fake::reference_generate(&short, 2, &[]));
+    assert_eq!(s.counts().pages_used, 0);
+}
+
+#[test]
+fn rows_that_need_logits_are_never_chained() {
+    let mut model = FakeModel::new(grid(&[1, 2], &[4], &[32]), 4, 32);
+    for request in [
+        GenerateRequest {
+            logprobs: Some(2),
+            ..GenerateRequest::greedy(vec![1, 2, 3], 8)
+        },
+        GenerateRequest {
+            sampling: tlaloc_runtime::SamplingParams {
+                temperature: 0.7,
+                seed: Some(3),
+                ..tlaloc_runtime::SamplingParams::greedy()
+            },
+            ..GenerateRequest::greedy(vec![1, 2, 3], 8)
+        },
+    ] {
+        let mut s = Scheduler::new(model.shape()).unwrap();
+        s.set_max_decode_chain(8);
+        s.add(1, GenerateRequest::greedy(vec![4, 5], 8)).unwrap();
+        s.add(2, request).unwrap();
+        while s.has_work() {
+            let step = s.schedule().unwrap().expect("a step");
+            assert!(
+                step.chain.is_empty(),
+                "a chain with a row that needs logits"
+            );
+            let o = model.step(&step.entry, &step.inputs).unwrap();
+            s.complete(&step, &o).unwrap();
+        }
+    }
+}

@@ -65,7 +65,7 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
     };
     let mut s = String::new();
     s += &format!(
-        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>, %arg1: tensor<{b}x{t}xi32>, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>, %arg4: tensor<{bt}xi32>, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 2 : i32}}, %arg7: {pool} {{tf.aliasing_output = 3 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, {pool}, {pool}) {{\n"
+        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>, %arg1: tensor<{b}x{t}xi32>, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>, %arg4: tensor<{bt}xi32>, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 3 : i32}}, %arg7: {pool} {{tf.aliasing_output = 4 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, {pool}, {pool}) {{\n"
     );
     s += &format!(
         r#"    %tokf = "stablehlo.convert"(%arg0) : (tensor<{b}x{t}xi32>) -> tensor<{b}x{t}xf32>
@@ -103,6 +103,7 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
     %vocab = "stablehlo.constant"() {{value = dense<{vocab}> : tensor<{b}xf32>}} : () -> tensor<{b}xf32>
     %r = "stablehlo.remainder"(%sum, %vocab) : (tensor<{b}xf32>, tensor<{b}xf32>) -> tensor<{b}xf32>
     %next = "stablehlo.convert"(%r) : (tensor<{b}xf32>) -> tensor<{b}xi32>
+    %nextids = "stablehlo.reshape"(%next) : (tensor<{b}xi32>) -> tensor<{b}x1xi32>
     %iv = "stablehlo.iota"() {{iota_dimension = 1 : i64}} : () -> tensor<{b}x{v}xf32>
     %rb2 = "stablehlo.broadcast_in_dim"(%r) {{broadcast_dimensions = array<i64: 0>}} : (tensor<{b}xf32>) -> tensor<{b}x{v}xf32>
     %d = "stablehlo.subtract"(%iv, %rb2) : (tensor<{b}x{v}xf32>, tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
@@ -110,7 +111,7 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
     %sb = "stablehlo.broadcast_in_dim"(%arg5) {{broadcast_dimensions = array<i64: 1>}} : (tensor<{v}xf32>) -> tensor<{b}x{v}xf32>
     %m = "stablehlo.multiply"(%ad, %sb) : (tensor<{b}x{v}xf32>, tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
     %logits = "stablehlo.negate"(%m) : (tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
-    "func.return"(%logits, %next, %knew, %vnew) : (tensor<{b}x{v}xf32>, tensor<{b}xi32>, {pool}, {pool}) -> ()
+    "func.return"(%logits, %next, %nextids, %knew, %vnew) : (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, {pool}, {pool}) -> ()
   }}
 }}
 "#,

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_runtime::{
-    CompileMode, Engine, EngineHandle, GenerateRequest, LoadOptions, LoadTimings, SamplingParams,
-    StepTimings, StopParams, TokenEvent,
+    CompileMode, DEFAULT_MAX_DECODE_CHAIN, Engine, EngineHandle, GenerateRequest, LoadOptions,
+    LoadTimings, SamplingParams, StepTimings, StopParams, TokenEvent,
 };
 use tlaloc_server::ModelText;
 use tlaloc_server::chat::TemplateMessage;
@@ -41,6 +41,10 @@ pub struct EngineArgs {
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     pub verify: bool,
+    /// The most greedy decode steps run back to back on the device before their tokens are
+    /// read (the engine runs fewer when a step is slow); 1 reads every step's tokens.
+    #[arg(long, default_value_t = DEFAULT_MAX_DECODE_CHAIN)]
+    pub max_decode_chain: usize,
 }
 
 impl EngineArgs {
@@ -56,6 +60,7 @@ impl EngineArgs {
             } else {
                 self.compile_cache.clone().or(defaults.compile_cache)
             },
+            max_decode_chain: self.max_decode_chain,
             ..defaults
         }
     }

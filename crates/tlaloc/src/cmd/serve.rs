@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// Compile each entry on first use instead of all at start.
     #[arg(long)]
     lazy_compile: bool,
+    /// The most greedy decode steps run back to back on the device before their tokens are
+    /// read (the engine runs fewer when a step is slow, and none while prompts wait); 1 reads
+    /// every step's tokens.
+    #[arg(long, default_value_t = tlaloc_runtime::DEFAULT_MAX_DECODE_CHAIN)]
+    max_decode_chain: usize,
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     verify: bool,
@@ -73,6 +78,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         } else {
             CompileMode::Eager
         },
+        max_decode_chain: args.max_decode_chain,
         ..LoadOptions::default()
     };
     let dir = artifact.root().to_owned();
