@@ -31,6 +31,7 @@ def main():
     parser.add_argument("--batches", default="")
     parser.add_argument("--contexts", default="512")
     parser.add_argument("--gen", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per length (min kept)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -64,9 +65,10 @@ def main():
                     # Warm up every length first: the static cache is sized per call.
                     for n in (1, 8, args.gen):
                         timed_generate(model, ids, n)
-                    t_short = min(timed_generate(model, ids, 8)[0] for _ in range(2))
-                    t_long = min(timed_generate(model, ids, args.gen)[0] for _ in range(2))
-                    t_prefill = min(timed_generate(model, ids, 1)[0] for _ in range(2))
+                    runs = range(args.repeats)
+                    t_short = min(timed_generate(model, ids, 8)[0] for _ in runs)
+                    t_long = min(timed_generate(model, ids, args.gen)[0] for _ in runs)
+                    t_prefill = min(timed_generate(model, ids, 1)[0] for _ in runs)
                 step = (t_long - t_short) / (args.gen - 8)
                 speed.append({"batch": batch, "context": context, "decode_ms_per_step": step * 1e3,
                               "tokens_per_s": batch / step, "prefill_ms": t_prefill * 1e3,

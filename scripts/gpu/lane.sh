@@ -7,6 +7,9 @@
 #   TLALOC=target/release/tlaloc bash scripts/gpu/lane.sh OUT_DIR [correctness|speed|all] [SHAPES]
 # SHAPES: comma list of tinyllama-1.1b,llama3-8b (speed part). Model files are made there, in
 # $TLALOC_GPU_WORK (default /tmp/tlaloc-gpu), never copied in.
+# LANE_SECONDS bounds the whole run: transformers' baseline, the last and slowest part, gets
+# what is left (its finished rows stay in hf-SHAPE.log). HF_GEN and HF_REPEATS (default 64 and
+# 2) trade the baseline's precision for time on large shapes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(realpath -m "${1:?usage: lane.sh OUT_DIR [correctness|speed|all] [SHAPES]}")
@@ -17,6 +20,8 @@ work=${TLALOC_GPU_WORK:-/tmp/tlaloc-gpu}
 export TLALOC_HOME=$work/home
 mkdir -p "$out" "$work" "$TLALOC_HOME"
 log() { echo "== $(date +%T) $*"; }
+deadline=$(( $(date +%s) + ${LANE_SECONDS:-86400} ))
+left() { echo $(( deadline - $(date +%s) )); }
 
 log "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -76,14 +81,24 @@ if [ "$part" = speed ] || [ "$part" = all ]; then
         > "$out/bench-$shape-c$context.json" 2> "$out/bench-$shape-c$context.log" \
         || tail -20 "$out/bench-$shape-c$context.log"
     done
-    for prompt in 128 512 2048; do
+    # The same decode with every step's tokens read back on the host (no decode chains).
+    if [ "$shape" = tinyllama-1.1b ]; then
+      log "speed: $shape — tlaloc bench, context 512, decode chains off"
+      "$TLALOC" bench --artifact "$artifact" --plugin cuda --batch 1,64 --max-decode-chain 1 \
+        --prompt-len 320 --gen-len 192 --bandwidth-gbps "$gbps" --json \
+        > "$out/bench-$shape-c512-nochain.json" 2> "$out/bench-$shape-c512-nochain.log" \
+        || tail -20 "$out/bench-$shape-c512-nochain.log"
+    fi
+    # 2040: the longest prompt that leaves room for 8 new tokens in the 2048 bucket.
+    for prompt in 128 512 2040; do
       "$TLALOC" bench --artifact "$artifact" --plugin cuda --batch 1 \
         --prompt-len "$prompt" --gen-len 8 --bandwidth-gbps "$gbps" --json \
         > "$out/prefill-$shape-p$prompt.json" 2>> "$out/prefill-$shape.log" || true
     done
     log "speed: $shape — transformers generate (static cache)"
-    python3 scripts/gpu/hf_baseline.py --model "$model" --dtype bfloat16 \
-      --batches 1,8,32,64,128 --contexts 512,2048 --gen 64 > "$out/hf-$shape.log" 2>&1 || true
+    timeout "$(( $(left) > 10 ? $(left) - 10 : 1 ))" python3 scripts/gpu/hf_baseline.py \
+      --model "$model" --dtype bfloat16 --batches 1,8,32,64,128 --contexts 512,2048 \
+      --gen "${HF_GEN:-64}" --repeats "${HF_REPEATS:-2}" > "$out/hf-$shape.log" 2>&1 || true
     grep '^RESULT ' "$out/hf-$shape.log" | sed 's/^RESULT //' > "$out/hf-$shape.json" || true
   done
 fi

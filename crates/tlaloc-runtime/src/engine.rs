@@ -615,9 +615,7 @@ impl<E: ModelExecutor> Actor<E> {
     /// at most the executor's limit. A step long enough that the host's part is negligible
     /// (a CPU) is never chained.
     fn observe_decode_time(&mut self, per_step: Duration) {
-        let per_step = per_step.max(Duration::from_micros(1));
-        let fits = (DECODE_CHAIN_WINDOW.as_nanos() / per_step.as_nanos()) as usize;
-        let chain = fits.clamp(1, self.executor.max_decode_chain().max(1));
+        let chain = decode_chain_for(per_step, self.executor.max_decode_chain());
         self.scheduler.set_max_decode_chain(chain);
     }
 
@@ -683,10 +681,39 @@ impl<E: ModelExecutor> Actor<E> {
     }
 }
 
+/// The decode chain for a measured step time: the steps that fit in [`DECODE_CHAIN_WINDOW`],
+/// at least 1, at most `limit`.
+fn decode_chain_for(per_step: Duration, limit: usize) -> usize {
+    let per_step = per_step.max(Duration::from_micros(1));
+    let fits = (DECODE_CHAIN_WINDOW.as_nanos() / per_step.as_nanos()) as usize;
+    fits.clamp(1, limit.max(1))
+}
+
 fn finished_event(finish: Finish) -> TokenEvent {
     TokenEvent::Finished {
         reason: finish.reason,
         usage: finish.usage,
         timings: finish.timings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_fills_the_window_within_the_limit_and_a_slow_step_is_never_chained() {
+        let ms = Duration::from_millis;
+        // A GPU-like step: as many as fit in 20 ms, capped by the executor's limit.
+        assert_eq!(decode_chain_for(Duration::from_micros(2200), 8), 8);
+        assert_eq!(decode_chain_for(ms(5), 8), 4);
+        assert_eq!(decode_chain_for(ms(7), 8), 2);
+        // A step longer than the window (a CPU): no chain.
+        assert_eq!(decode_chain_for(ms(21), 8), 1);
+        assert_eq!(decode_chain_for(ms(65), 8), 1);
+        // Chaining off, and a zero measurement.
+        assert_eq!(decode_chain_for(ms(1), 1), 1);
+        assert_eq!(decode_chain_for(ms(1), 0), 1);
+        assert_eq!(decode_chain_for(Duration::ZERO, 8), 8);
     }
 }

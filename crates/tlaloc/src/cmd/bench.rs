@@ -82,6 +82,7 @@ struct BatchResult {
     prefill_time: StepTimings,
     all_prefilled: Duration,
     decode_steps: u64,
+    decode_chained_steps: u64,
     decode_rows: u64,
     decode_time: StepTimings,
     decode_wall: Duration,
@@ -363,6 +364,7 @@ fn run_batch(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<Ba
         prefill_time: sub(after.steps.prefill_time, before.steps.prefill_time),
         all_prefilled: start_at - started,
         decode_steps: end.steps.decode_steps - start.steps.decode_steps,
+        decode_chained_steps: end.steps.decode_chained_steps - start.steps.decode_chained_steps,
         decode_rows: end.steps.decode_rows - start.steps.decode_rows,
         decode_time: sub(end.steps.decode_time, start.steps.decode_time),
         decode_wall: end_at.saturating_duration_since(start_at),
@@ -389,6 +391,7 @@ fn batch_json(r: &BatchResult, args: &BenchArgs, bandwidth: Option<&Bandwidth>) 
         },
         "decode": {
             "steps": r.decode_steps,
+            "chained_steps": r.decode_chained_steps,
             "rows_per_step": r.decode_rows as f64 / r.decode_steps.max(1) as f64,
             "wall_ms_per_step": r.decode_wall_ms_per_step(),
             "host_ms_per_step": r.decode_host_ms_per_step(),
