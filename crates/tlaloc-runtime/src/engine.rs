@@ -231,7 +231,10 @@ impl Engine {
                     }
                 };
                 let scheduler = match Scheduler::new(executor.shape()) {
-                    Ok(s) => s,
+                    Ok(mut s) => {
+                        s.set_decode_exploration(executor.all_entries_compiled());
+                        s
+                    }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.into()));
                         return;
@@ -569,7 +572,10 @@ impl<E: ModelExecutor> Actor<E> {
         };
         let wall = started.elapsed();
         if step.entry.kind == EntryKind::Decode {
-            self.observe_decode_time(wall / outputs.len() as u32);
+            let per_step = wall / outputs.len() as u32;
+            tracing::trace!(entry = %step.entry, rows = step.rows.len(), steps = outputs.len(), us = per_step.as_micros() as u64, "decode");
+            self.scheduler.observe_decode_cost(step.entry, per_step);
+            self.observe_decode_time(per_step);
         }
         let phases = outputs.iter().fold(StepTimings::default(), |mut sum, o| {
             sum += o.timings;

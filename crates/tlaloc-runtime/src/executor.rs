@@ -200,6 +200,12 @@ pub trait ModelExecutor {
     /// Runs `entry` on `inputs`; the K/V pools are updated in place (on the device).
     fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError>;
 
+    /// Whether every entry is ready to run without compiling first. The scheduler tries other
+    /// decode buckets than the smallest only then (trying one must not cost a compile).
+    fn all_entries_compiled(&self) -> bool {
+        true
+    }
+
     /// The longest decode chain ([`decode_chain`](Self::decode_chain)) the engine may ask for;
     /// 1 turns chaining off.
     fn max_decode_chain(&self) -> usize {

@@ -722,6 +722,10 @@ impl ModelExecutor for Model {
         self.max_decode_chain
     }
 
+    fn all_entries_compiled(&self) -> bool {
+        self.entries.values().all(|e| e.executable.is_some())
+    }
+
     fn decode_chain(
         &mut self,
         key: &EntryKey,

@@ -10,8 +10,13 @@
 //!
 //! Policy: steps alternate between one prefill step (the oldest sequences with prompt tokens
 //! left, as many as the largest prefill batch holds) and one decode step (every decoding
-//! sequence in one call, on the smallest batch bucket that fits and the smallest context bucket
-//! that holds the longest row), so that a stream of new prompts cannot starve running decodes.
+//! sequence in one call, on the smallest context bucket that holds the longest row), so that a
+//! stream of new prompts cannot starve running decodes. The decode batch bucket is the smallest
+//! that fits or the next one up, whichever was measured faster (each is tried for two steps, the
+//! first one's time left out): a plugin can compile a one-row step worse than a two- or
+//! eight-row one (XLA CPU runs one-row matmuls as single-threaded loops; measured 95 ms/step at
+//! batch 1 against 47 ms at batch 2 for SmolLM2 on the lammps plugin, the other way round on
+//! xla-cpu-pjrt).
 //! A waiting sequence is admitted when the pages its tokens need are free (counting what
 //! admitted, not yet prefilled sequences still need) and the running set is under the largest
 //! decode batch. When a sequence needs a page and none is free, the youngest running sequence
@@ -23,7 +28,7 @@
 //! `seqLens[b] - 1 - positions[b, 0]`. Rows past the live ones follow the padding contract:
 //! tokenIds 0, positions 0, blockTables 0, seqLens 1, slotMapping -1.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -446,7 +451,17 @@ pub struct Scheduler {
     last_was_prefill: bool,
     preemptions: u64,
     max_decode_chain: usize,
+    /// Per decode entry: steps observed, and the wall time of one step (an exponential average
+    /// that leaves out the first step, which can carry one-time work of a first execution).
+    decode_costs: HashMap<EntryKey, (u32, Duration)>,
+    explore_decode: bool,
 }
+
+/// How many decode batch buckets, from the smallest that holds the rows up, are tried (each for
+/// two steps) before the fastest measured is used. Two: the next bucket up is the one a plugin
+/// most often compiles better (a one-row matmul as a matrix-vector loop, two rows as a
+/// multithreaded GEMM), and every bucket tried costs its first execution (0.4-0.6 s on a CPU).
+pub const DECODE_BUCKETS_TRIED: usize = 2;
 
 impl Scheduler {
     /// A scheduler over a model's ladder and pool.
@@ -461,6 +476,8 @@ impl Scheduler {
             last_was_prefill: false,
             preemptions: 0,
             max_decode_chain: 1,
+            decode_costs: HashMap::new(),
+            explore_decode: true,
         })
     }
 
@@ -468,6 +485,57 @@ impl Scheduler {
     /// engine sets it from the executor's limit and the measured step time.
     pub fn set_max_decode_chain(&mut self, steps: usize) {
         self.max_decode_chain = steps.max(1);
+    }
+
+    /// Whether decode may try batch buckets larger than the smallest that fits (on by default;
+    /// the engine turns it off when trying one would compile it first).
+    pub fn set_decode_exploration(&mut self, on: bool) {
+        self.explore_decode = on;
+    }
+
+    /// Records the wall time of one step of the decode entry `entry`.
+    pub fn observe_decode_cost(&mut self, entry: EntryKey, per_step: Duration) {
+        let (seen, cost) = self.decode_costs.entry(entry).or_insert((0, per_step));
+        *cost = match *seen {
+            0 | 1 => per_step,
+            _ => (*cost * 3 + per_step) / 4,
+        };
+        *seen = seen.saturating_add(1);
+    }
+
+    /// The decode entry for `rows` rows and `context` tokens: among the smallest batch bucket
+    /// that holds the rows and the next [`DECODE_BUCKETS_TRIED`]` - 1` up, all at the smallest
+    /// context bucket that fits, the first not yet measured (two steps: the first is left out),
+    /// else the fastest.
+    pub fn decode_entry(&self, rows: usize, context: usize) -> Result<EntryKey, NoEntry> {
+        let smallest = self.ladder.select(EntryKind::Decode, rows, 1, context)?;
+        if !self.explore_decode {
+            return Ok(smallest);
+        }
+        let mut candidates: Vec<EntryKey> = self
+            .ladder
+            .entries()
+            .iter()
+            .filter(|e| {
+                e.kind == EntryKind::Decode
+                    && e.context == smallest.context
+                    && e.batch >= smallest.batch
+            })
+            .copied()
+            .collect();
+        candidates.sort_by_key(|e| e.batch);
+        candidates.truncate(DECODE_BUCKETS_TRIED);
+        let measured = |e: &EntryKey| match self.decode_costs.get(e) {
+            Some(&(seen, cost)) if seen >= 2 => Some(cost),
+            _ => None,
+        };
+        if let Some(unmeasured) = candidates.iter().find(|e| measured(e).is_none()) {
+            return Ok(*unmeasured);
+        }
+        Ok(candidates
+            .into_iter()
+            .min_by_key(|e| (measured(e), e.batch))
+            .unwrap_or(smallest))
     }
 
     /// The ladder.
@@ -692,8 +760,7 @@ impl Scheduler {
             .max()
             .expect("non-empty");
         let entry = self
-            .ladder
-            .select(EntryKind::Decode, rows.len(), 1, context)
+            .decode_entry(rows.len(), context)
             .map_err(|e| (e, rows.clone()))?;
         let chain = self.chain_length(&rows, entry);
         let plans: Vec<RowPlan> = rows

@@ -304,3 +304,68 @@ fn rows_that_need_logits_are_never_chained() {
         }
     }
 }
+
+#[test]
+fn a_larger_decode_bucket_measured_faster_is_used_after_each_is_tried() {
+    let mut model = FakeModel::new(grid(&[1, 2, 4, 8, 16], &[4], &[32, 64]), 4, 64);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    let prompt = vec![3, 1, 4];
+    s.add(1, GenerateRequest::greedy(prompt.clone(), 12))
+        .unwrap();
+    // Every bucket's first step is slow (one-time work); it must not count.
+    let mut first = std::collections::HashSet::new();
+    let mut cost = |batch: usize| {
+        if first.insert(batch) {
+            return std::time::Duration::from_millis(500);
+        }
+        std::time::Duration::from_millis(match batch {
+            1 => 10,
+            2 => 4,
+            _ => 1,
+        })
+    };
+    let (mut batches, mut out) = (Vec::new(), Vec::new());
+    while s.has_work() {
+        let step = s.schedule().unwrap().expect("a step");
+        let o = model.step(&step.entry, &step.inputs).unwrap();
+        if step.entry.kind == EntryKind::Decode {
+            assert_eq!(step.entry.context, 32, "the context bucket never grows");
+            batches.push(step.entry.batch);
+            s.observe_decode_cost(step.entry, cost(step.entry.batch));
+        }
+        out.extend(
+            s.complete(&step, &o)
+                .unwrap()
+                .iter()
+                .map(|u| u.sampled.token),
+        );
+    }
+    // The smallest bucket and the next one up are tried for two steps each (4, 8 and 16, which
+    // would be faster still, are never tried); then the faster of the two.
+    assert_eq!(&batches[..4], &[1, 1, 2, 2], "{batches:?}");
+    assert!(batches[4..].iter().all(|&b| b == 2), "{batches:?}");
+    assert_eq!(out, crate::fake::reference_generate(&prompt, 12, &[]));
+    assert_eq!(s.counts().pages_used, 0);
+}
+
+#[test]
+fn without_exploration_decode_keeps_the_smallest_bucket() {
+    let mut model = FakeModel::new(grid(&[1, 2], &[4], &[32]), 4, 32);
+    let mut s = Scheduler::new(model.shape()).unwrap();
+    s.set_decode_exploration(false);
+    s.add(1, GenerateRequest::greedy(vec![3, 1, 4], 8)).unwrap();
+    while s.has_work() {
+        let step = s.schedule().unwrap().expect("a step");
+        let o = model.step(&step.entry, &step.inputs).unwrap();
+        if step.entry.kind == EntryKind::Decode {
+            assert_eq!(step.entry.batch, 1);
+            // Batch 2 would look ten times faster, were it tried.
+            s.observe_decode_cost(step.entry, std::time::Duration::from_millis(10));
+            let mut other = step.entry;
+            other.batch = 2;
+            s.observe_decode_cost(other, std::time::Duration::from_millis(1));
+            s.observe_decode_cost(other, std::time::Duration::from_millis(1));
+        }
+        s.complete(&step, &o).unwrap();
+    }
+}
