@@ -639,13 +639,12 @@ impl Scheduler {
         } else if has_decode {
             self.last_was_prefill = false;
             // A chain would hold back the prompts waiting for prefill: chain only without them.
-            let chain = self.max_decode_chain;
-            if has_prefill || !self.waiting.is_empty() {
-                self.max_decode_chain = 1;
-            }
-            let step = self.schedule_decode();
-            self.max_decode_chain = chain;
-            step
+            let chain_limit = if has_prefill || !self.waiting.is_empty() {
+                1
+            } else {
+                self.max_decode_chain
+            };
+            self.schedule_decode(chain_limit)
         } else {
             return Ok(None);
         };
@@ -732,7 +731,10 @@ impl Scheduler {
         }
     }
 
-    fn schedule_decode(&mut self) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
+    fn schedule_decode(
+        &mut self,
+        chain_limit: usize,
+    ) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
         let candidates: Vec<RequestId> = self
             .running
             .iter()
@@ -762,7 +764,7 @@ impl Scheduler {
         let entry = self
             .decode_entry(rows.len(), context)
             .map_err(|e| (e, rows.clone()))?;
-        let chain = self.chain_length(&rows, entry);
+        let chain = self.chain_length(&rows, entry, chain_limit);
         let plans: Vec<RowPlan> = rows
             .iter()
             .map(|&id| RowPlan {
@@ -776,13 +778,14 @@ impl Scheduler {
         Ok(Some(step))
     }
 
-    /// How many decode steps the rows can run back to back (1 = no chain): every row must take
+    /// How many decode steps (at most `limit`) the rows can run back to back (1 = no chain):
+    /// every row must take
     /// the in-graph argmax without logprobs (its next token is then known on the device), the
     /// chain stays inside the entry's context bucket, runs no longer than the longest row's
     /// remaining token budget, and takes its extra pages from free pages only (a chain never
     /// preempts anyone).
-    fn chain_length(&mut self, rows: &[RequestId], entry: EntryKey) -> usize {
-        if self.max_decode_chain <= 1 {
+    fn chain_length(&mut self, rows: &[RequestId], entry: EntryKey, limit: usize) -> usize {
+        if limit <= 1 {
             return 1;
         }
         let greedy = rows.iter().all(|id| {
@@ -798,8 +801,7 @@ impl Scheduler {
         let (Some(longest), Some(max_len)) = (longest, max_len) else {
             return 1;
         };
-        let chain = self
-            .max_decode_chain
+        let chain = limit
             .min(longest)
             .min((entry.context + 1).saturating_sub(max_len))
             .max(1);
