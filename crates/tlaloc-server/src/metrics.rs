@@ -25,6 +25,8 @@ pub struct Metrics {
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
     preemptions: IntCounter,
+    decode_steps: IntCounter,
+    decode_chained_steps: IntCounter,
     /// Engine totals already added to the counters (they only move forward by the difference).
     seen: Mutex<EngineStats>,
     finished: IntCounterVec,
@@ -94,6 +96,11 @@ impl Metrics {
             preemptions: counter(
                 "tlaloc:num_preemptions_total",
                 "Sequences preempted and recomputed.",
+            ),
+            decode_steps: counter("tlaloc:decode_steps_total", "Decode steps run."),
+            decode_chained_steps: counter(
+                "tlaloc:decode_chained_steps_total",
+                "Decode steps chained on the device after another (no host round trip).",
             ),
             seen: Mutex::new(EngineStats::default()),
             finished: register(
@@ -187,6 +194,13 @@ impl Metrics {
             );
             self.preemptions
                 .inc_by(s.preemptions_total.saturating_sub(seen.preemptions_total));
+            self.decode_steps
+                .inc_by(s.steps.decode_steps.saturating_sub(seen.steps.decode_steps));
+            self.decode_chained_steps.inc_by(
+                s.steps
+                    .decode_chained_steps
+                    .saturating_sub(seen.steps.decode_chained_steps),
+            );
             *seen = s;
         }
         let mut out = Vec::new();

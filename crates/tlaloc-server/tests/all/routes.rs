@@ -555,6 +555,10 @@ async fn metrics_count_tokens_and_latencies_under_the_prefix() {
     };
     assert_eq!(value("tlaloc:prompt_tokens_total"), 2.0);
     assert_eq!(value("tlaloc:generation_tokens_total"), 6.0);
+    // The first token comes from the prompt's prefill step, the other five from decode steps;
+    // the scripted executor does not chain.
+    assert_eq!(value("tlaloc:decode_steps_total"), 5.0);
+    assert_eq!(value("tlaloc:decode_chained_steps_total"), 0.0);
     assert_eq!(value("tlaloc:num_requests_running"), 0.0);
     assert_eq!(value("tlaloc:kv_cache_usage_perc"), 0.0);
     assert_eq!(value("tlaloc:time_to_first_token_seconds_count"), 1.0);
