@@ -735,11 +735,17 @@ impl ModelExecutor for Model {
         // each taking the previous step's `nextTokenIds` buffer as its token ids.
         let mut launched: Vec<Launched> = Vec::with_capacity(steps.len());
         for inputs in steps {
-            let fed = launched.last().map(|previous| {
-                previous.outputs[self.entries[key].plan.next_token_ids]
-                    .as_ref()
-                    .expect("outputs other than the pools are kept")
-            });
+            let fed = match launched.last() {
+                None => None,
+                Some(previous) => {
+                    let index = self.entries[key].plan.next_token_ids;
+                    let buffer = previous.outputs.get(index).and_then(Option::as_ref);
+                    Some(buffer.ok_or_else(|| ExecutorError::Device {
+                        entry: *key,
+                        message: format!("the program returned no output {index} (nextTokenIds)"),
+                    })?)
+                }
+            };
             let step = self.launch(key, inputs, fed)?;
             launched.push(step);
         }
