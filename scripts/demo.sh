@@ -12,9 +12,11 @@ PORT=${PORT:-8000}
 artifact=.tlaloc/artifacts/smollm2-135m-f32
 
 "$TLALOC" plugin list
-if [ ! -f "$artifact/tlaloc-serving.json" ]; then
+# Export unless an artifact this build can load is already there (one made by an older build,
+# of another format version, is replaced).
+if ! "$TLALOC" verify "$artifact" > /dev/null 2>&1; then
   "$TLALOC" export --checkpoint .tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf --out "$artifact" \
-    --dtype f32 --batch-buckets 1,4 --context-buckets 512 --prefill-chunk 128
+    --dtype f32 --batch-buckets 1,4 --context-buckets 512 --prefill-chunk 128 --force
 fi
 "$TLALOC" verify "$artifact"
 "$TLALOC" inspect "$artifact"

@@ -12,8 +12,9 @@
 //! left, as many as the largest prefill batch holds) and one decode step (every decoding
 //! sequence in one call, on the smallest context bucket that holds the longest row), so that a
 //! stream of new prompts cannot starve running decodes. The decode batch bucket is the smallest
-//! that fits or the next one up, whichever was measured faster (each is tried for two steps, the
-//! first one's time left out): a plugin can compile a one-row step worse than a two- or
+//! that fits or the next one up, whichever was measured faster (the smallest runs
+//! [`DECODE_STEPS_BEFORE_TRYING`] steps first, then the next is tried for two steps, the first
+//! one's time left out): a plugin can compile a one-row step worse than a two- or
 //! eight-row one (XLA CPU runs one-row matmuls as single-threaded loops; measured 95 ms/step at
 //! batch 1 against 47 ms at batch 2 for SmolLM2 on the lammps plugin, the other way round on
 //! xla-cpu-pjrt).
@@ -463,6 +464,9 @@ pub struct Scheduler {
 /// multithreaded GEMM), and every bucket tried costs its first execution (0.4-0.6 s on a CPU).
 pub const DECODE_BUCKETS_TRIED: usize = 2;
 
+/// Decode steps the smallest bucket runs before a larger one is tried.
+pub const DECODE_STEPS_BEFORE_TRYING: u32 = 16;
+
 impl Scheduler {
     /// A scheduler over a model's ladder and pool.
     pub fn new(shape: &ModelShape) -> Result<Self, LadderError> {
@@ -505,8 +509,9 @@ impl Scheduler {
 
     /// The decode entry for `rows` rows and `context` tokens: among the smallest batch bucket
     /// that holds the rows and the next [`DECODE_BUCKETS_TRIED`]` - 1` up, all at the smallest
-    /// context bucket that fits, the first not yet measured (two steps: the first is left out),
-    /// else the fastest.
+    /// context bucket that fits: the smallest until it has run [`DECODE_STEPS_BEFORE_TRYING`]
+    /// steps, then the first not yet measured (two steps: the first is left out), else the
+    /// fastest.
     pub fn decode_entry(&self, rows: usize, context: usize) -> Result<EntryKey, NoEntry> {
         let smallest = self.ladder.select(EntryKind::Decode, rows, 1, context)?;
         if !self.explore_decode {
@@ -525,6 +530,12 @@ impl Scheduler {
             .collect();
         candidates.sort_by_key(|e| e.batch);
         candidates.truncate(DECODE_BUCKETS_TRIED);
+        let seen = |e: &EntryKey| self.decode_costs.get(e).map_or(0, |&(seen, _)| seen);
+        // The smallest runs a while first, so that a short generation never pays for trying
+        // another bucket.
+        if seen(&smallest) < DECODE_STEPS_BEFORE_TRYING {
+            return Ok(smallest);
+        }
         let measured = |e: &EntryKey| match self.decode_costs.get(e) {
             Some(&(seen, cost)) if seen >= 2 => Some(cost),
             _ => None,

@@ -310,7 +310,7 @@ fn a_larger_decode_bucket_measured_faster_is_used_after_each_is_tried() {
     let mut model = FakeModel::new(grid(&[1, 2, 4, 8, 16], &[4], &[32, 64]), 4, 64);
     let mut s = Scheduler::new(model.shape()).unwrap();
     let prompt = vec![3, 1, 4];
-    s.add(1, GenerateRequest::greedy(prompt.clone(), 12))
+    s.add(1, GenerateRequest::greedy(prompt.clone(), 28))
         .unwrap();
     // Every bucket's first step is slow (one-time work); it must not count.
     let mut first = std::collections::HashSet::new();
@@ -340,11 +340,15 @@ fn a_larger_decode_bucket_measured_faster_is_used_after_each_is_tried() {
                 .map(|u| u.sampled.token),
         );
     }
-    // The smallest bucket and the next one up are tried for two steps each (4, 8 and 16, which
-    // would be faster still, are never tried); then the faster of the two.
-    assert_eq!(&batches[..4], &[1, 1, 2, 2], "{batches:?}");
-    assert!(batches[4..].iter().all(|&b| b == 2), "{batches:?}");
-    assert_eq!(out, crate::fake::reference_generate(&prompt, 12, &[]));
+    // The smallest bucket runs 16 steps, then the next one up is tried for two (4, 8 and 16,
+    // which would be faster still, never are); then the faster of the two.
+    let tried = tlaloc_runtime::scheduler::DECODE_STEPS_BEFORE_TRYING as usize;
+    assert_eq!(tried, 16);
+    assert!(batches[..tried].iter().all(|&b| b == 1), "{batches:?}");
+    assert_eq!(&batches[tried..tried + 2], &[2, 2], "{batches:?}");
+    assert!(batches[tried + 2..].iter().all(|&b| b == 2), "{batches:?}");
+    assert_eq!(batches.len(), 27);
+    assert_eq!(out, crate::fake::reference_generate(&prompt, 28, &[]));
     assert_eq!(s.counts().pages_used, 0);
 }
 
