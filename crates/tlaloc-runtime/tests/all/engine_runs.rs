@@ -8,6 +8,7 @@ use tlaloc_runtime::{
 };
 
 use crate::fake::{FakeModel, VOCAB, grid, reference_generate};
+use crate::streams::{collect_ids, submit_all};
 
 fn prompts() -> Vec<Vec<u32>> {
     (0..8u32)
@@ -43,20 +44,6 @@ fn assert_all_pages_free(engine: &EngineHandle) {
     assert_eq!((stats.running, stats.waiting), (0, 0), "{stats:?}");
 }
 
-fn collect_ids(
-    mut events: tokio::sync::mpsc::UnboundedReceiver<TokenEvent>,
-) -> (Vec<u32>, FinishReason) {
-    let mut ids = Vec::new();
-    while let Some(event) = events.blocking_recv() {
-        match event {
-            TokenEvent::Token { id, .. } => ids.push(id),
-            TokenEvent::Finished { reason, .. } => return (ids, reason),
-            TokenEvent::Error { message } => panic!("request failed: {message}"),
-        }
-    }
-    panic!("stream ended without Finished");
-}
-
 #[test]
 fn eight_prompts_together_give_the_same_ids_as_alone() {
     let max_tokens = 20;
@@ -81,15 +68,12 @@ fn eight_prompts_together_give_the_same_ids_as_alone() {
     engine.shutdown();
 
     let (engine, hold) = start_held(256);
-    let streams: Vec<_> = prompts()
-        .into_iter()
-        .map(|p| {
-            engine
-                .submit(GenerateRequest::greedy(p, max_tokens))
-                .unwrap()
-                .1
-        })
-        .collect();
+    let streams = submit_all(
+        &engine,
+        prompts()
+            .into_iter()
+            .map(|p| GenerateRequest::greedy(p, max_tokens)),
+    );
     drop(hold);
     for (n, events) in streams.into_iter().enumerate() {
         let (ids, reason) = collect_ids(events);
@@ -110,15 +94,12 @@ fn a_pool_too_small_for_all_preempts_and_still_gives_the_same_ids() {
     let max_tokens = 24;
     // 20 allocatable pages of 4 tokens: the eight sequences need up to 62 tokens each.
     let (engine, hold) = start_held(21);
-    let streams: Vec<_> = prompts()
-        .into_iter()
-        .map(|p| {
-            engine
-                .submit(GenerateRequest::greedy(p, max_tokens))
-                .unwrap()
-                .1
-        })
-        .collect();
+    let streams = submit_all(
+        &engine,
+        prompts()
+            .into_iter()
+            .map(|p| GenerateRequest::greedy(p, max_tokens)),
+    );
     drop(hold);
     for (p, events) in prompts().iter().zip(streams) {
         let (ids, _) = collect_ids(events);
@@ -394,21 +375,17 @@ fn chained_decode_gives_the_same_ids_and_stops_inside_a_chain() {
         .with_chain(8);
     let engine = Engine::start(model).unwrap();
     // Budgets of 1 to 29 tokens, so rows end at every offset inside a chain; eos ends some.
-    let streams: Vec<_> = prompts()
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let max_tokens = 1 + 4 * i;
-            let rx = engine
-                .submit(GenerateRequest::greedy(p.clone(), max_tokens))
-                .unwrap()
-                .1;
-            (p, max_tokens, rx)
-        })
-        .collect();
-    for (p, max_tokens, rx) in streams {
+    let budget = |i: usize| 1 + 4 * i;
+    let streams = submit_all(
+        &engine,
+        prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| GenerateRequest::greedy(p, budget(i))),
+    );
+    for ((i, p), rx) in prompts().into_iter().enumerate().zip(streams) {
         let (ids, _) = collect_ids(rx);
-        assert_eq!(ids, reference_generate(&p, max_tokens, &[eos]), "{p:?}");
+        assert_eq!(ids, reference_generate(&p, budget(i), &[eos]), "{p:?}");
     }
     let stats = engine.stats();
     assert!(

@@ -4,4 +4,5 @@ mod engine_runs;
 mod fake;
 mod model_runs;
 mod scheduler_steps;
+mod streams;
 mod toy;

@@ -10,6 +10,7 @@ use tlaloc_runtime::{
     SamplingParams, StepInputs,
 };
 
+use crate::streams::{submit_all, try_collect_ids};
 use crate::toy::{self, BLOCK_SIZE, reference_generate};
 
 fn options(plugin: &Path, cache: Option<PathBuf>, compile: CompileMode) -> LoadOptions {
@@ -42,26 +43,15 @@ fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager))
             .unwrap_or_else(|e| panic!("loading the toy artifact on {}: {e}", plugin.display()));
         let max_tokens = 16;
-        let streams: Vec<_> = prompts()
-            .into_iter()
-            .map(|p| {
-                engine
-                    .submit(GenerateRequest::greedy(p, max_tokens))
-                    .unwrap()
-                    .1
-            })
-            .collect();
-        for (n, (p, mut events)) in prompts().iter().zip(streams).enumerate() {
-            let mut ids = Vec::new();
-            while let Some(event) = events.blocking_recv() {
-                match event {
-                    tlaloc_runtime::TokenEvent::Token { id, .. } => ids.push(id),
-                    tlaloc_runtime::TokenEvent::Finished { .. } => break,
-                    tlaloc_runtime::TokenEvent::Error { message } => {
-                        panic!("{}: prompt {n}: {message}", plugin.display())
-                    }
-                }
-            }
+        let streams = submit_all(
+            &engine,
+            prompts()
+                .into_iter()
+                .map(|p| GenerateRequest::greedy(p, max_tokens)),
+        );
+        for (n, (p, events)) in prompts().iter().zip(streams).enumerate() {
+            let (ids, _) = try_collect_ids(events)
+                .unwrap_or_else(|m| panic!("{}: prompt {n}: {m}", plugin.display()));
             assert_eq!(
                 ids,
                 reference_generate(p, max_tokens),
@@ -287,32 +277,20 @@ fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
     for plugin in test_plugin_paths() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
         // Budgets that end at different offsets inside a chain of up to eight steps.
-        let streams: Vec<_> = prompts()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let max_tokens = 2 + 2 * i;
-                let rx = engine
-                    .submit(GenerateRequest::greedy(p.clone(), max_tokens))
-                    .unwrap()
-                    .1;
-                (p, max_tokens, rx)
-            })
-            .collect();
-        for (p, max_tokens, mut rx) in streams {
-            let mut ids = Vec::new();
-            while let Some(event) = rx.blocking_recv() {
-                match event {
-                    tlaloc_runtime::TokenEvent::Token { id, .. } => ids.push(id),
-                    tlaloc_runtime::TokenEvent::Finished { .. } => break,
-                    tlaloc_runtime::TokenEvent::Error { message } => {
-                        panic!("{}: {message}", plugin.display())
-                    }
-                }
-            }
+        let budget = |i: usize| 2 + 2 * i;
+        let streams = submit_all(
+            &engine,
+            prompts()
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| GenerateRequest::greedy(p, budget(i))),
+        );
+        for ((i, p), rx) in prompts().into_iter().enumerate().zip(streams) {
+            let (ids, _) =
+                try_collect_ids(rx).unwrap_or_else(|m| panic!("{}: {m}", plugin.display()));
             assert_eq!(
                 ids,
-                reference_generate(&p, max_tokens),
+                reference_generate(&p, budget(i)),
                 "{}",
                 plugin.display()
             );
