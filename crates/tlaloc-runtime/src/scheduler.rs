@@ -369,6 +369,17 @@ impl Sequence {
         self.tokens.len() - self.computed
     }
 
+    /// Tokens it may still generate.
+    fn budget_left(&self) -> usize {
+        self.max_tokens.saturating_sub(self.output_len())
+    }
+
+    /// The pool slot of the token at `pos`: its page's first slot plus the offset in the page.
+    fn slot(&self, pos: usize, block_size: usize) -> i32 {
+        let page = self.pages[pos / block_size] as usize;
+        (page * block_size + pos % block_size) as i32
+    }
+
     fn finish(&self, reason: FinishReason) -> Finish {
         let now = Instant::now();
         Finish {
@@ -517,7 +528,13 @@ impl Scheduler {
         if !self.explore_decode {
             return Ok(smallest);
         }
-        let mut candidates: Vec<EntryKey> = self
+        let seen = |e: &EntryKey| self.decode_costs.get(e).map_or(0, |&(seen, _)| seen);
+        // The smallest runs a while first, so that a short generation never pays for trying
+        // another bucket.
+        if seen(&smallest) < DECODE_STEPS_BEFORE_TRYING {
+            return Ok(smallest);
+        }
+        let candidates: Vec<EntryKey> = self
             .ladder
             .entries()
             .iter()
@@ -527,15 +544,8 @@ impl Scheduler {
                     && e.batch >= smallest.batch
             })
             .copied()
+            .take(DECODE_BUCKETS_TRIED) // the ladder's entries are sorted: by batch here
             .collect();
-        candidates.sort_by_key(|e| e.batch);
-        candidates.truncate(DECODE_BUCKETS_TRIED);
-        let seen = |e: &EntryKey| self.decode_costs.get(e).map_or(0, |&(seen, _)| seen);
-        // The smallest runs a while first, so that a short generation never pays for trying
-        // another bucket.
-        if seen(&smallest) < DECODE_STEPS_BEFORE_TRYING {
-            return Ok(smallest);
-        }
         let measured = |e: &EntryKey| match self.decode_costs.get(e) {
             Some(&(seen, cost)) if seen >= 2 => Some(cost),
             _ => None,
@@ -806,7 +816,7 @@ impl Scheduler {
         if !greedy {
             return 1;
         }
-        let budget = |s: &Sequence| s.max_tokens.saturating_sub(s.output_len()).max(1);
+        let budget = |s: &Sequence| s.budget_left().max(1);
         let longest = rows.iter().map(|id| budget(self.seq(*id))).max();
         let max_len = rows.iter().map(|id| self.seq(*id).tokens.len()).max();
         let (Some(longest), Some(max_len)) = (longest, max_len) else {
@@ -838,7 +848,7 @@ impl Scheduler {
             for (r, plan) in step.rows.iter().enumerate() {
                 let seq = self.seq(plan.id);
                 inputs.token_ids[r] = 0;
-                if k >= seq.max_tokens.saturating_sub(seq.output_len()) {
+                if k >= seq.budget_left() {
                     // Past this row's budget: compute, write nothing, drop the token.
                     inputs.slot_mapping[r] = -1;
                     continue;
@@ -846,8 +856,7 @@ impl Scheduler {
                 let pos = seq.tokens.len() - 1 + k;
                 inputs.positions[r] = pos as i32;
                 inputs.seq_lens[r] = (pos + 1) as i32;
-                let page = seq.pages[pos / bs] as usize;
-                inputs.slot_mapping[r] = (page * bs + pos % bs) as i32;
+                inputs.slot_mapping[r] = seq.slot(pos, bs);
             }
             chained.push(inputs.clone());
         }
@@ -938,8 +947,7 @@ impl Scheduler {
                 let pos = seq.computed + k;
                 inputs.token_ids[r * t + k] = seq.tokens[pos] as i32;
                 inputs.positions[r * t + k] = pos as i32;
-                let page = seq.pages[pos / bs] as usize;
-                inputs.slot_mapping[r * t + k] = (page * bs + pos % bs) as i32;
+                inputs.slot_mapping[r * t + k] = seq.slot(pos, bs);
             }
             inputs.seq_lens[r] = (seq.computed + plan.tokens) as i32;
             if plan.emits
