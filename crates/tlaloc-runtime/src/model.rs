@@ -761,7 +761,7 @@ impl ModelExecutor for Model {
 /// buffers that must outlive the launch, and the host time spent so far.
 struct Launched {
     outputs: Vec<Option<Buffer>>,
-    _inputs: Vec<Buffer>,
+    _inputs: Vec<Option<Buffer>>,
     timings: StepTimings,
 }
 
@@ -822,24 +822,26 @@ impl Model {
                 });
             }
             if i == 0 && fed.is_some() {
+                step_buffers.push(None);
                 continue;
             }
-            step_buffers.push(
+            step_buffers.push(Some(
                 self.client
                     .buffer_from_host(data, dims, &self.device)
                     .map_err(|e| Self::device_error(key, "uploading step inputs", e))?,
-            );
+            ));
         }
         timings.upload = started.elapsed();
 
         let state = &self.entries[key];
         let plan = &state.plan;
         let executable = state.executable.as_ref().expect("compiled above");
-        // Host inputs in role order; the token ids come from the device when fed.
-        let step_input = |i: usize| match fed {
-            Some(tokens) if i == 0 => tokens,
-            Some(_) => &step_buffers[i - 1],
-            None => &step_buffers[i],
+        // Step inputs in role order; the token ids come from the device when fed.
+        let step_input = |i: usize| {
+            step_buffers[i]
+                .as_ref()
+                .or(fed)
+                .expect("only the token ids are left out, and only when fed")
         };
         let mut donated: Vec<Option<Buffer>> = self.pools.iter_mut().map(Option::take).collect();
         let args: Vec<ExecuteArg<'_>> = plan
