@@ -60,10 +60,19 @@ export_artifact "$work/smol" --checkpoint "$gguf" \
 export TLALOC
 export TLALOC_TINY_ARTIFACT="$PWD/$work/tiny"
 export TLALOC_SMOL_ARTIFACT="$PWD/$work/smol"
+# Every plugin runs both suites even when one fails; the exit status says whether any did.
+status=0
 for plugin in "${plugins[@]}"; do
   echo "== server tests on $plugin"
-  TLALOC_SERVER_PLUGIN="$plugin" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/server
+  TLALOC_SERVER_PLUGIN="$plugin" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/server \
+    || status=1
   echo "== load test on $plugin"
-  "$venv/bin/python" tests/server/loadtest.py --tlaloc "$TLALOC" --plugin "$plugin" \
-    --artifact "$TLALOC_TINY_ARTIFACT" --concurrency "${LOADTEST_CONCURRENCY:-40}"
+  if "$venv/bin/python" tests/server/loadtest.py --tlaloc "$TLALOC" --plugin "$plugin" \
+    --artifact "$TLALOC_TINY_ARTIFACT" --concurrency "${LOADTEST_CONCURRENCY:-40}"; then
+    echo "load test result: passed"
+  else
+    echo "load test result: failed"
+    status=1
+  fi
 done
+exit "$status"

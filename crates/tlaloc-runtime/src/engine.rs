@@ -22,9 +22,6 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTimings};
 use crate::model::Platform;
 
-/// The longest stretch of decode steps chained on the device before their tokens are read
-/// back: it bounds the burst in which a stream receives tokens.
-pub const DECODE_CHAIN_WINDOW: Duration = Duration::from_millis(20);
 use crate::scheduler::{
     self, Finish, FinishReason, GenerateRequest, Ladder, LadderError, Refusal, RequestId,
     RequestTimings, Scheduler, TokenUpdate, Usage,
@@ -617,11 +614,15 @@ impl<E: ModelExecutor> Actor<E> {
     }
 
     /// Sets the next decode chain from the measured time of one decode step: as many steps
-    /// as fit in [`DECODE_CHAIN_WINDOW`] (tokens then stream in bursts no longer than that),
+    /// as fit in the executor's [`decode_chain_window`](ModelExecutor::decode_chain_window) (tokens then stream in bursts no longer than that),
     /// at most the executor's limit. A step long enough that the host's part is negligible
     /// (a CPU) is never chained.
     fn observe_decode_time(&mut self, per_step: Duration) {
-        let chain = decode_chain_for(per_step, self.executor.max_decode_chain());
+        let chain = decode_chain_for(
+            per_step,
+            self.executor.decode_chain_window(),
+            self.executor.max_decode_chain(),
+        );
         self.scheduler.set_max_decode_chain(chain);
     }
 
@@ -687,11 +688,11 @@ impl<E: ModelExecutor> Actor<E> {
     }
 }
 
-/// The decode chain for a measured step time: the steps that fit in [`DECODE_CHAIN_WINDOW`],
-/// at least 1, at most `limit`.
-fn decode_chain_for(per_step: Duration, limit: usize) -> usize {
+/// The decode chain for a measured step time: the steps that fit in `window`, at least 1, at
+/// most `limit`.
+fn decode_chain_for(per_step: Duration, window: Duration, limit: usize) -> usize {
     let per_step = per_step.max(Duration::from_micros(1));
-    let fits = (DECODE_CHAIN_WINDOW.as_nanos() / per_step.as_nanos()) as usize;
+    let fits = usize::try_from(window.as_nanos() / per_step.as_nanos()).unwrap_or(usize::MAX);
     fits.clamp(1, limit.max(1))
 }
 
@@ -706,20 +707,24 @@ fn finished_event(finish: Finish) -> TokenEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::DECODE_CHAIN_WINDOW;
 
     #[test]
     fn a_chain_fills_the_window_within_the_limit_and_a_slow_step_is_never_chained() {
         let ms = Duration::from_millis;
         // A GPU-like step: as many as fit in 20 ms, capped by the executor's limit.
-        assert_eq!(decode_chain_for(Duration::from_micros(2200), 8), 8);
-        assert_eq!(decode_chain_for(ms(5), 8), 4);
-        assert_eq!(decode_chain_for(ms(7), 8), 2);
+        assert_eq!(
+            decode_chain_for(Duration::from_micros(2200), DECODE_CHAIN_WINDOW, 8),
+            8
+        );
+        assert_eq!(decode_chain_for(ms(5), DECODE_CHAIN_WINDOW, 8), 4);
+        assert_eq!(decode_chain_for(ms(7), DECODE_CHAIN_WINDOW, 8), 2);
         // A step longer than the window (a CPU): no chain.
-        assert_eq!(decode_chain_for(ms(21), 8), 1);
-        assert_eq!(decode_chain_for(ms(65), 8), 1);
+        assert_eq!(decode_chain_for(ms(21), DECODE_CHAIN_WINDOW, 8), 1);
+        assert_eq!(decode_chain_for(ms(65), DECODE_CHAIN_WINDOW, 8), 1);
         // Chaining off, and a zero measurement.
-        assert_eq!(decode_chain_for(ms(1), 1), 1);
-        assert_eq!(decode_chain_for(ms(1), 0), 1);
-        assert_eq!(decode_chain_for(Duration::ZERO, 8), 8);
+        assert_eq!(decode_chain_for(ms(1), DECODE_CHAIN_WINDOW, 1), 1);
+        assert_eq!(decode_chain_for(ms(1), DECODE_CHAIN_WINDOW, 0), 1);
+        assert_eq!(decode_chain_for(Duration::ZERO, DECODE_CHAIN_WINDOW, 8), 8);
     }
 }

@@ -182,6 +182,10 @@ pub struct LoadTimings {
     pub deferred: usize,
 }
 
+/// The default [`ModelExecutor::decode_chain_window`]: decode steps are chained on the device
+/// while their tokens arrive within 20 ms of each other.
+pub const DECODE_CHAIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Runs compiled entries; one implementation per backend.
 pub trait ModelExecutor {
     /// The model's shape and ladder.
@@ -210,6 +214,12 @@ pub trait ModelExecutor {
     /// 1 turns chaining off.
     fn max_decode_chain(&self) -> usize {
         1
+    }
+
+    /// How long a chain of decode steps may take, by the measured step time: it bounds the
+    /// burst in which a stream receives its tokens.
+    fn decode_chain_window(&self) -> std::time::Duration {
+        DECODE_CHAIN_WINDOW
     }
 
     /// Runs the decode entry `entry` once per element of `steps`, in order, and returns every

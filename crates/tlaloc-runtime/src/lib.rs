@@ -18,8 +18,8 @@ pub use engine::{
     Engine, EngineError, EngineHandle, EngineStats, GenerateResult, StepStats, TokenEvent,
 };
 pub use executor::{
-    EntryKey, EntryKind, ExecutorError, LoadTimings, ModelExecutor, ModelShape, StepInputs,
-    StepOutput, StepTimings,
+    DECODE_CHAIN_WINDOW, EntryKey, EntryKind, ExecutorError, LoadTimings, ModelExecutor,
+    ModelShape, StepInputs, StepOutput, StepTimings,
 };
 pub use model::{CompileMode, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model, Platform};
 pub use sampling::{Sampled, SamplingParams};

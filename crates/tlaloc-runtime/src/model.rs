@@ -66,6 +66,9 @@ pub struct LoadOptions {
     /// The most decode steps the engine may chain on the device without reading tokens back
     /// in between (see [`ModelExecutor::decode_chain`]); 1 reads every step's tokens.
     pub max_decode_chain: usize,
+    /// How long a decode chain may take by the measured step time (see
+    /// [`ModelExecutor::decode_chain_window`]).
+    pub decode_chain_window: Duration,
 }
 
 /// [`LoadOptions::max_decode_chain`] by default.
@@ -80,6 +83,7 @@ impl Default for LoadOptions {
             compile_cache: Some(CompileCache::default_dir()),
             gpu_memory_fraction: None,
             max_decode_chain: DEFAULT_MAX_DECODE_CHAIN,
+            decode_chain_window: crate::executor::DECODE_CHAIN_WINDOW,
         }
     }
 }
@@ -163,6 +167,7 @@ pub struct Model {
     platform: Platform,
     compile_options: CompileOptions,
     max_decode_chain: usize,
+    decode_chain_window: Duration,
 }
 
 fn element_type(dtype: Dtype) -> ElementType {
@@ -346,6 +351,7 @@ impl Model {
             shape,
             load_timings: LoadTimings::default(),
             max_decode_chain: options.max_decode_chain.max(1),
+            decode_chain_window: options.decode_chain_window,
         };
 
         timings.total = started.elapsed();
@@ -720,6 +726,10 @@ impl ModelExecutor for Model {
 
     fn max_decode_chain(&self) -> usize {
         self.max_decode_chain
+    }
+
+    fn decode_chain_window(&self) -> Duration {
+        self.decode_chain_window
     }
 
     fn all_entries_compiled(&self) -> bool {

@@ -85,6 +85,13 @@ impl StepOutput {
     }
 }
 
+/// One step of a forced continuation: the logits and the program's own greedy token.
+#[derive(Debug, Clone)]
+pub struct ForcedStep {
+    pub logits: Vec<f32>,
+    pub next_token: i32,
+}
+
 #[derive(Debug)]
 pub struct Runner {
     pub artifact: Artifact,
@@ -341,6 +348,51 @@ impl Runner {
         Ok(out)
     }
 
+    /// The logits of every step of `prompt` continued by `forced` (teacher forcing): entry 0 is
+    /// the prompt's last position, entry `i` the position after `forced[i - 1]`. The model's own
+    /// choices are never fed back, so one divergent step does not decide the steps after it.
+    pub fn forced_steps(&mut self, prompt: &[i32], forced: &[i32]) -> Vec<ForcedStep> {
+        let step = |out: StepOutput| ForcedStep {
+            logits: out.row_logits(0).to_vec(),
+            next_token: out.next_tokens[0],
+        };
+        let (seq, out) = self.prefill(prompt).unwrap();
+        let mut seqs = [seq];
+        let mut steps = vec![step(out)];
+        for &token in forced.iter().take(forced.len().saturating_sub(1)) {
+            steps.push(step(self.decode(&mut seqs, &[token]).unwrap()));
+        }
+        let [seq] = seqs;
+        self.release(seq);
+        steps
+    }
+
+    /// Replaces the device copy of weight `slot` with `bytes` (same dtype and dims); used to
+    /// plant a known bug and show that a check catches it.
+    pub fn replace_weight(&mut self, slot: &str, bytes: &[u8]) {
+        let manifest = self.artifact.manifest();
+        let index = manifest
+            .weights
+            .iter()
+            .position(|w| w.slot == slot)
+            .unwrap_or_else(|| panic!("no weight slot {slot}"));
+        let w = &manifest.weights[index];
+        assert_eq!(
+            bytes.len() as u64,
+            w.byte_length,
+            "{slot}: wrong byte length"
+        );
+        self.weights[index] = self
+            .client
+            .buffer_from_host_bytes(
+                bytes,
+                element_type(w.dtype),
+                &dims_i64(&w.dims),
+                &self.device,
+            )
+            .unwrap();
+    }
+
     /// Greedy continuation of several prompts decoded together: `new_tokens` ids each, and the
     /// logits of each prompt's last position.
     pub fn greedy(&mut self, prompts: &[&[i32]], new_tokens: usize) -> Vec<(Vec<i32>, Vec<f32>)> {
@@ -383,6 +435,8 @@ pub struct GoldenCase {
     pub greedy_ids: Vec<i32>,
     /// Top-1 minus top-2 logit of each greedy step.
     pub margins: Vec<f64>,
+    /// The golden's highest logits of each greedy step, `(token id, logit)`, best first.
+    pub top_logits: Vec<Vec<(i32, f64)>>,
     pub prompt_last_logits: Vec<f32>,
 }
 
@@ -445,6 +499,18 @@ pub fn goldens(model: &str) -> Vec<GoldenCase> {
                     .unwrap()
                     .iter()
                     .map(|s| s["margin"].as_f64().unwrap())
+                    .collect(),
+                top_logits: case["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| {
+                        ids(&s["top_ids"])
+                            .into_iter()
+                            .zip(s["top_logits"].as_array().unwrap())
+                            .map(|(id, z)| (id, z.as_f64().unwrap()))
+                            .collect()
+                    })
                     .collect(),
                 prompt_last_logits,
                 name,
