@@ -58,6 +58,12 @@ impl LadderPoint {
     }
 }
 
+impl fmt::Display for LadderPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
 /// Prefill entries run one sequence at a time.
 pub const PREFILL_BATCH: usize = 1;
 
@@ -200,6 +206,46 @@ impl Ladder {
             tokens: chunk,
             context,
         })
+    }
+
+    /// The most sequences that decode together: the top batch bucket.
+    pub fn max_decode_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// The most sequences that prefill together.
+    pub fn max_prefill_batch(&self) -> usize {
+        PREFILL_BATCH
+    }
+
+    /// The longest sequence served (prompt and output): the top context bucket.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// The decode points at `point`'s context whose batch is at least `point`'s, smallest
+    /// batch first: the buckets a scheduler may choose between for the same rows.
+    pub fn decode_points_from(&self, point: LadderPoint) -> impl Iterator<Item = LadderPoint> {
+        self.batch_buckets
+            .iter()
+            .copied()
+            .filter(move |&b| b >= point.batch)
+            .map(move |batch| LadderPoint {
+                kind: EntryKind::Decode,
+                batch,
+                tokens: 1,
+                context: point.context,
+            })
+    }
+
+    /// The prefill chunk for a prompt with `remaining` tokens left to prefill: the smallest
+    /// chunk that holds them all, else the largest (the prompt then takes several chunks).
+    pub fn chunk_for(&self, remaining: usize) -> usize {
+        self.prefill_chunks
+            .iter()
+            .copied()
+            .find(|&t| t >= remaining)
+            .unwrap_or_else(|| self.max_prefill_chunk())
     }
 
     /// The largest prefill chunk (0 for a ladder with none, which `validate` refuses).

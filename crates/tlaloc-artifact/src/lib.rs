@@ -1,5 +1,5 @@
-//! The serving artifact: manifest schema, bucket ladder, padding contract, loader and
-//! integrity check. Reads JSON, text and bytes; knows nothing of plugins or graphs.
+//! The serving artifact: manifest schema, bucket ladder, step contract (operands, results and
+//! padding values of every forward program), loader and integrity check. Reads JSON, text and bytes; knows nothing of plugins or graphs.
 //!
 //! Layout of an artifact directory (see `paths`):
 //! `tlaloc-serving.json`, `bodies/<sha256>.mlir`, `programs/<entry>.json`,
@@ -14,6 +14,7 @@ mod loader;
 mod manifest;
 pub mod paths;
 mod program;
+pub mod step;
 mod writer;
 
 pub use dtype::{Dtype, UnknownDtype};
@@ -27,8 +28,6 @@ pub use manifest::{
     Provenance, RopeScaling, SourceCheckpoint, SourceFile, TokenizerFile, TokenizerFiles,
     WeightEntry,
 };
-pub use program::{
-    Donation, NUM_STEP_INPUTS, NUM_STEP_OUTPUTS, ProgramSignature, Role, SignatureMismatch,
-    TensorSpec,
-};
+pub use program::{Donation, ProgramSignature, Role, SignatureMismatch, TensorSpec};
+pub use step::{StepInput, StepOutput};
 pub use writer::{ArtifactWriter, ExistingDir};

@@ -12,6 +12,7 @@ use crate::dtype::Dtype;
 use crate::error::ArtifactError;
 use crate::ladder::{EntryKind, Ladder, LadderPoint};
 use crate::paths;
+use crate::step::StepInput;
 
 /// The manifest format this crate reads and writes.
 /// Version 2 added the `nextTokenIds` output.
@@ -111,6 +112,16 @@ impl KvCacheLayout {
         }
     }
 
+    /// Pages a pool of `num_blocks` blocks can give to sequences: all but the scratch block.
+    pub fn allocatable_blocks_of(num_blocks: usize) -> usize {
+        num_blocks.saturating_sub(1)
+    }
+
+    /// Pages this pool can give to sequences: all but the scratch block.
+    pub fn allocatable_blocks(&self) -> usize {
+        Self::allocatable_blocks_of(self.num_blocks)
+    }
+
     /// Dims of each layer's K (and V) pool.
     pub fn pool_dims(&self) -> Vec<usize> {
         vec![
@@ -178,12 +189,13 @@ pub struct PaddingContract {
 }
 
 impl PaddingContract {
+    /// The step contract's padding values ([`StepInput::padding`]), as the manifest states them.
     pub const CONTRACT: PaddingContract = PaddingContract {
-        token_ids: 0,
-        positions: 0,
-        block_tables: 0,
-        seq_lens: 1,
-        slot_mapping: -1,
+        token_ids: StepInput::TokenIds.padding(),
+        positions: StepInput::Positions.padding(),
+        block_tables: StepInput::BlockTables.padding(),
+        seq_lens: StepInput::SeqLens.padding(),
+        slot_mapping: StepInput::SlotMapping.padding(),
     };
 }
 

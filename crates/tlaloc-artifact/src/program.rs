@@ -1,15 +1,13 @@
-//! Program signatures (`programs/<entry>.json`) and the one definition of the forward-program
-//! contract, [`ProgramSignature::expected_for`], used both by the writer (to check each graph
-//! before writing it) and by the loader (to refuse a program that disagrees).
-//!
-//! Input order: `tokenIds`, `positions`, `blockTables`, `seqLens`, `slotMapping`, the weights
-//! in manifest order, then `K0, V0, K1, V1, ...`. Output order: `logits` `[B, V]` f32,
-//! `nextTokens` `[B]` i32, then `K0, V0, ...`. Every pool input is donated to its pool output.
+//! Program signatures (`programs/<entry>.json`) and the whole signature an entry must have,
+//! [`ProgramSignature::expected_for`] (built from the step contract in [`crate::step`]), used
+//! both by the writer (to check each graph before writing it) and by the loader (to refuse a
+//! program that disagrees).
 
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::Dtype;
 use crate::manifest::{Entry, Manifest};
+use crate::step::{StepInput, StepOutput, pool_names};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -62,11 +60,6 @@ pub struct Donation {
     pub output: usize,
 }
 
-/// Number of inputs before the first weight.
-pub const NUM_STEP_INPUTS: usize = 5;
-/// Number of outputs before the first pool.
-pub const NUM_STEP_OUTPUTS: usize = 2;
-
 /// The first field where a signature differs from the expected one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignatureMismatch {
@@ -96,26 +89,25 @@ fn spec(name: impl Into<String>, role: Role, dtype: Dtype, dims: Vec<usize>) -> 
 }
 
 impl ProgramSignature {
-    /// The exact contract signature of `entry` in an artifact described by `manifest`.
+    /// The exact contract signature of `entry` in an artifact described by `manifest`: the
+    /// [`StepInput`]s, the weights in manifest order, the pools `K0, V0, K1, ...`; then the
+    /// [`StepOutput`]s and the pools, each pool input donated to its output.
     pub fn expected_for(manifest: &Manifest, entry: &Entry) -> ProgramSignature {
-        let b = entry.batch;
-        let t = entry.tokens;
+        let point = entry.point();
         let kv = &manifest.kv_cache;
-        let blocks_per_seq = entry.context / kv.block_size.max(1);
         let pool = kv.pool_dims();
 
-        let mut inputs = vec![
-            spec("tokenIds", Role::TokenIds, Dtype::I32, vec![b, t]),
-            spec("positions", Role::Positions, Dtype::I32, vec![b, t]),
-            spec(
-                "blockTables",
-                Role::BlockTables,
-                Dtype::I32,
-                vec![b, blocks_per_seq],
-            ),
-            spec("seqLens", Role::SeqLens, Dtype::I32, vec![b]),
-            spec("slotMapping", Role::SlotMapping, Dtype::I32, vec![b * t]),
-        ];
+        let mut inputs: Vec<TensorSpec> = StepInput::ALL
+            .into_iter()
+            .map(|i| {
+                spec(
+                    i.name(),
+                    i.role(),
+                    StepInput::DTYPE,
+                    i.dims(point, kv.block_size),
+                )
+            })
+            .collect();
         inputs.extend(manifest.weights.iter().map(|w| {
             spec(
                 w.slot.clone(),
@@ -126,22 +118,21 @@ impl ProgramSignature {
                 w.dims.clone(),
             )
         }));
-        let mut outputs = vec![
-            spec(
-                "logits",
-                Role::Logits,
-                Dtype::F32,
-                vec![b, manifest.model.vocab_size],
-            ),
-            spec("nextTokens", Role::NextTokens, Dtype::I32, vec![b]),
-            spec("nextTokenIds", Role::NextTokenIds, Dtype::I32, vec![b, 1]),
-        ];
+        let mut outputs: Vec<TensorSpec> = StepOutput::ALL
+            .into_iter()
+            .map(|o| {
+                spec(
+                    o.name(),
+                    o.role(),
+                    o.dtype(),
+                    o.dims(point, manifest.model.vocab_size),
+                )
+            })
+            .collect();
         let mut donations = Vec::with_capacity(2 * kv.num_layers);
         for layer in 0..kv.num_layers {
-            for (name, role) in [
-                (format!("kPool.{layer}"), Role::KPool { layer }),
-                (format!("vPool.{layer}"), Role::VPool { layer }),
-            ] {
+            let [k, v] = pool_names(layer);
+            for (name, role) in [(k, Role::KPool { layer }), (v, Role::VPool { layer })] {
                 donations.push(Donation {
                     input: inputs.len(),
                     output: outputs.len(),

@@ -87,7 +87,7 @@ impl BlockManager {
 
     /// Pages that can ever be allocated (all but the scratch page).
     pub fn allocatable(&self) -> usize {
-        self.num_blocks - 1
+        tlaloc_artifact::KvCacheLayout::allocatable_blocks_of(self.num_blocks)
     }
 
     /// Pages currently held by sequences.

@@ -22,10 +22,11 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTimings};
 use crate::model::Platform;
 
-use crate::scheduler::{
-    self, Finish, FinishReason, GenerateRequest, Ladder, LadderError, Refusal, RequestId,
-    RequestTimings, Scheduler, TokenUpdate, Usage,
+use crate::request::{
+    Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, TokenUpdate, Usage,
+    ValidatedRequest,
 };
+use crate::scheduler::{Scheduler, ShapeError};
 
 /// One event of a request's stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,7 +67,7 @@ pub enum EngineError {
     Stopped,
     /// The model's ladder or pool cannot be scheduled.
     #[error(transparent)]
-    Ladder(#[from] LadderError),
+    Shape(#[from] ShapeError),
     /// The model failed to load.
     #[error("the model failed to load: {0}")]
     Load(String),
@@ -140,7 +141,7 @@ pub struct GenerateResult {
 enum Command {
     Submit {
         id: RequestId,
-        request: GenerateRequest,
+        request: ValidatedRequest,
         arrived: Instant,
         events: UnboundedSender<TokenEvent>,
     },
@@ -149,17 +150,10 @@ enum Command {
 }
 
 #[derive(Debug)]
-struct Limits {
-    ladder: Ladder,
-    allocatable_pages: usize,
-}
-
-#[derive(Debug)]
 struct Shared {
     commands: Mutex<Option<mpsc::Sender<Command>>>,
     next_id: AtomicU64,
     accepting: AtomicBool,
-    limits: Limits,
     shape: ModelShape,
     load_timings: Option<LoadTimings>,
     platform: Option<Platform>,
@@ -269,19 +263,14 @@ impl Engine {
                 ));
             }
         };
-        let ladder = Ladder::new(&shape.entries, shape.block_size)?;
         {
             let mut s = stats.lock().expect("engine stats lock");
-            s.kv_pages_total = shape.num_blocks - 1;
+            s.kv_pages_total = shape.allocatable_pages();
         }
         let shared = Shared {
             commands: Mutex::new(Some(command_tx)),
             next_id: AtomicU64::new(1),
             accepting: AtomicBool::new(true),
-            limits: Limits {
-                ladder,
-                allocatable_pages: shape.num_blocks - 1,
-            },
             shape,
             load_timings,
             platform,
@@ -311,13 +300,7 @@ impl EngineHandle {
         if !self.shared.accepting.load(Ordering::Acquire) {
             return Err(EngineError::Stopped);
         }
-        scheduler::validate_request(
-            &request,
-            &self.shared.limits.ladder,
-            self.shared.limits.allocatable_pages,
-            self.shared.shape.block_size,
-            self.shared.shape.vocab_size,
-        )?;
+        let request = request.validate(&self.shared.shape)?;
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
         self.send(Command::Submit {
@@ -347,7 +330,7 @@ impl EngineHandle {
 
     /// The longest prompt + max_tokens served.
     pub fn max_context(&self) -> usize {
-        self.shared.limits.ladder.max_context()
+        self.shared.shape.ladder.max_context()
     }
 
     /// Where start-up time went (when the executor measured it).
@@ -486,18 +469,9 @@ impl<E: ModelExecutor> Actor<E> {
                 arrived,
                 events,
             } => {
-                let prompt_tokens = request.prompt_ids.len() as u64;
-                match self.scheduler.add_arrived(id, request, arrived) {
-                    Ok(()) => {
-                        self.totals.prompt_tokens_total += prompt_tokens;
-                        self.listeners.insert(id, events);
-                    }
-                    Err(refusal) => {
-                        let _ = events.send(TokenEvent::Error {
-                            message: refusal.to_string(),
-                        });
-                    }
-                }
+                self.totals.prompt_tokens_total += request.request().prompt_ids.len() as u64;
+                self.scheduler.add_arrived(id, request, arrived);
+                self.listeners.insert(id, events);
                 false
             }
             Command::Abort(id) => {

@@ -6,54 +6,16 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-/// Whether an entry takes a chunk of prompt tokens (T ≥ 1) or one token per row (T = 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EntryKind {
-    /// Prompt chunks (each row a chunk of up to T tokens).
-    Prefill,
-    /// One new token per row.
-    Decode,
-}
-
-impl std::fmt::Display for EntryKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            EntryKind::Prefill => "prefill",
-            EntryKind::Decode => "decode",
-        })
-    }
-}
-
-/// One ladder point, one compiled program: `(kind, batch B, tokens T, context C)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EntryKey {
-    /// Prefill or decode.
-    pub kind: EntryKind,
-    /// Rows (B).
-    pub batch: usize,
-    /// Tokens per row (T; 1 for decode).
-    pub tokens: usize,
-    /// Context length the block tables cover (C; a multiple of the block size).
-    pub context: usize,
-}
-
-impl std::fmt::Display for EntryKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} B={} T={} C={}",
-            self.kind, self.batch, self.tokens, self.context
-        )
-    }
-}
+use tlaloc_artifact::StepInput;
+pub use tlaloc_artifact::{EntryKind, Ladder, LadderPoint};
 
 /// The inputs of one step, row-major, exactly as the forward-program contract names them.
 ///
 /// A live row's real tokens are left-aligned; its padding tokens (a prefill chunk shorter than
 /// T) have token 0, position 0 and slot -1. `seqLens[b]` is the row's context length after the
 /// step, so the last real token, whose logits the program returns, sits at index
-/// `seqLens[b] - 1 - positions[b, 0]`. Dead rows follow the padding contract (tokenIds 0,
-/// positions 0, blockTables 0, seqLens 1, slotMapping -1).
+/// `seqLens[b] - 1 - positions[b, 0]`. Dead rows hold the contract's padding values
+/// ([`StepInput::padding`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepInputs {
     /// `[B, T]`.
@@ -68,6 +30,36 @@ pub struct StepInputs {
     pub slot_mapping: Vec<i32>,
     /// Whether any row needs its logits on the host (sampling or logprobs).
     pub want_logits: bool,
+}
+
+impl StepInputs {
+    /// The inputs of `point` with every row dead: each array at its contract dims, filled with
+    /// its padding value. A step lays its live rows over this.
+    pub fn padded(point: LadderPoint, block_size: usize) -> StepInputs {
+        let fill = |input: StepInput| {
+            let len = input.dims(point, block_size).iter().product();
+            vec![input.padding(); len]
+        };
+        StepInputs {
+            token_ids: fill(StepInput::TokenIds),
+            positions: fill(StepInput::Positions),
+            block_tables: fill(StepInput::BlockTables),
+            seq_lens: fill(StepInput::SeqLens),
+            slot_mapping: fill(StepInput::SlotMapping),
+            want_logits: false,
+        }
+    }
+
+    /// The array of step input `input`.
+    pub fn array(&self, input: StepInput) -> &[i32] {
+        match input {
+            StepInput::TokenIds => &self.token_ids,
+            StepInput::Positions => &self.positions,
+            StepInput::BlockTables => &self.block_tables,
+            StepInput::SeqLens => &self.seq_lens,
+            StepInput::SlotMapping => &self.slot_mapping,
+        }
+    }
 }
 
 /// What one step returns to the host.
@@ -120,13 +112,13 @@ impl std::ops::AddAssign for StepTimings {
 pub enum ExecutorError {
     /// The entry is not in the artifact.
     #[error("no compiled entry {0}; the artifact's ladder does not have it")]
-    UnknownEntry(EntryKey),
+    UnknownEntry(LadderPoint),
     /// The inputs disagree with the entry's shape.
     #[error("step inputs for entry {entry}: {what}")]
-    BadInputs { entry: EntryKey, what: String },
+    BadInputs { entry: LadderPoint, what: String },
     /// The plugin refused or failed the step.
     #[error("step on entry {entry} failed: {message}")]
-    Device { entry: EntryKey, message: String },
+    Device { entry: LadderPoint, message: String },
 }
 
 /// Static facts about the model that the scheduler and the benchmark need.
@@ -138,8 +130,8 @@ pub struct ModelShape {
     pub block_size: usize,
     /// Pages in each pool, the scratch page included.
     pub num_blocks: usize,
-    /// Every compiled entry.
-    pub entries: Vec<EntryKey>,
+    /// The ladder of compiled entries (every point of it is an entry).
+    pub ladder: Ladder,
     /// End-of-sequence token ids (a request stops on them unless it ignores eos).
     pub eos_token_ids: Vec<u32>,
     /// Bytes of all weights (read once per step: the memory-bound floor).
@@ -149,6 +141,11 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
+    /// Pages sequences can hold: every page but the scratch page.
+    pub fn allocatable_pages(&self) -> usize {
+        tlaloc_artifact::KvCacheLayout::allocatable_blocks_of(self.num_blocks)
+    }
+
     /// Bytes a decode step must read at least: every weight once, plus each row's K/V.
     pub fn decode_floor_bytes(&self, context_tokens: &[usize]) -> u64 {
         let kv: u64 =
@@ -202,7 +199,11 @@ pub trait ModelExecutor {
     }
 
     /// Runs `entry` on `inputs`; the K/V pools are updated in place (on the device).
-    fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError>;
+    fn step(
+        &mut self,
+        entry: &LadderPoint,
+        inputs: &StepInputs,
+    ) -> Result<StepOutput, ExecutorError>;
 
     /// Whether every entry is ready to run without compiling first. The scheduler tries other
     /// decode buckets than the smallest only then (trying one must not cost a compile).
@@ -231,7 +232,7 @@ pub trait ModelExecutor {
     /// This default feeds the tokens through the host, one [`step`](Self::step) at a time.
     fn decode_chain(
         &mut self,
-        entry: &EntryKey,
+        entry: &LadderPoint,
         steps: &[StepInputs],
     ) -> Result<Vec<StepOutput>, ExecutorError> {
         let mut outputs: Vec<StepOutput> = Vec::with_capacity(steps.len());

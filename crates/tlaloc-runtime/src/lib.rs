@@ -11,6 +11,7 @@ pub mod compile_cache;
 pub mod engine;
 pub mod executor;
 pub mod model;
+pub mod request;
 pub mod sampling;
 pub mod scheduler;
 
@@ -18,11 +19,12 @@ pub use engine::{
     Engine, EngineError, EngineHandle, EngineStats, GenerateResult, StepStats, TokenEvent,
 };
 pub use executor::{
-    DECODE_CHAIN_WINDOW, EntryKey, EntryKind, ExecutorError, LoadTimings, ModelExecutor,
+    DECODE_CHAIN_WINDOW, EntryKind, ExecutorError, Ladder, LadderPoint, LoadTimings, ModelExecutor,
     ModelShape, StepInputs, StepOutput, StepTimings,
 };
 pub use model::{CompileMode, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model, Platform};
-pub use sampling::{Sampled, SamplingParams};
-pub use scheduler::{
+pub use request::{
     FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, StopParams, Usage,
+    ValidatedRequest,
 };
+pub use sampling::{Sampled, SamplingParams};

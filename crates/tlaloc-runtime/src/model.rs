@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
-use tlaloc_artifact::{Artifact, ArtifactError, Dtype, Entry, Role};
+use tlaloc_artifact::{Artifact, ArtifactError, Dtype, Entry, Role, StepInput};
 use tlaloc_pjrt::discovery::{self, PluginRequest};
 use tlaloc_pjrt::{
     Buffer, Client, ClientOptions, CompileOptions, Device, ElementType, ExecuteArg, GpuOptions,
@@ -35,8 +35,8 @@ use tlaloc_pjrt::{
 
 use crate::compile_cache::{CacheIdentity, CompileCache};
 use crate::executor::{
-    EntryKey, EntryKind, ExecutorError, LoadTimings, ModelExecutor, ModelShape, StepInputs,
-    StepOutput, StepTimings,
+    ExecutorError, LadderPoint, LoadTimings, ModelExecutor, ModelShape, StepInputs, StepOutput,
+    StepTimings,
 };
 
 /// When entries are compiled.
@@ -117,7 +117,7 @@ fn pjrt(what: impl Into<String>) -> impl FnOnce(tlaloc_pjrt::Error) -> LoadError
 /// Where one operand of a program comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
-    Step(usize),
+    Step(StepInput),
     Weight(usize),
     Pool(usize),
 }
@@ -156,7 +156,7 @@ pub struct Model {
     artifact: Artifact,
     client: Client,
     device: Device,
-    entries: HashMap<EntryKey, EntryState>,
+    entries: HashMap<LadderPoint, EntryState>,
     weights: Vec<Buffer>,
     pools: Vec<Option<Buffer>>,
     pool_type: ElementType,
@@ -178,18 +178,6 @@ fn element_type(dtype: Dtype) -> ElementType {
         Dtype::I32 => ElementType::S32,
         Dtype::I8 => ElementType::S8,
         Dtype::U8 => ElementType::U8,
-    }
-}
-
-fn entry_key(entry: &Entry) -> EntryKey {
-    EntryKey {
-        kind: match entry.kind {
-            tlaloc_artifact::EntryKind::Decode => EntryKind::Decode,
-            tlaloc_artifact::EntryKind::Prefill => EntryKind::Prefill,
-        },
-        batch: entry.batch,
-        tokens: entry.tokens,
-        context: entry.context,
     }
 }
 
@@ -256,7 +244,7 @@ impl Model {
                 manifest.kv_cache.num_layers,
             )?;
             entries.insert(
-                entry_key(entry),
+                Entry::point(entry),
                 EntryState {
                     entry: entry.clone(),
                     plan,
@@ -270,7 +258,7 @@ impl Model {
             vocab_size: manifest.model.vocab_size,
             block_size: kv.block_size,
             num_blocks: kv.num_blocks,
-            entries: manifest.entries.iter().map(entry_key).collect(),
+            ladder: manifest.ladder.clone(),
             eos_token_ids: manifest.model.eos_token_ids.clone(),
             weight_bytes: manifest.weights.iter().map(|w| w.byte_length).sum(),
             kv_bytes_per_token: (2
@@ -298,7 +286,7 @@ impl Model {
             identity: &platform.identity,
             options: &compile_options,
         };
-        let order: Vec<EntryKey> = manifest.entries.iter().map(entry_key).collect();
+        let order: Vec<LadderPoint> = manifest.entries.iter().map(Entry::point).collect();
         let (compiled, uploaded, allocated) = std::thread::scope(|scope| {
             let compile = scope.spawn(|| {
                 timed(|| match options.compile {
@@ -415,7 +403,7 @@ impl Model {
         Some(out)
     }
 
-    fn device_error(entry: &EntryKey, what: &str, e: tlaloc_pjrt::Error) -> ExecutorError {
+    fn device_error(entry: &LadderPoint, what: &str, e: tlaloc_pjrt::Error) -> ExecutorError {
         ExecutorError::Device {
             entry: *entry,
             message: format!("{what}: {e}"),
@@ -503,7 +491,7 @@ struct Compiler<'a> {
 /// Executables for every entry, and where they came from.
 #[derive(Debug)]
 struct Compiled {
-    executables: Vec<(EntryKey, LoadedExecutable)>,
+    executables: Vec<(LadderPoint, LoadedExecutable)>,
     cache_hits: usize,
     compiled: usize,
 }
@@ -547,8 +535,8 @@ impl Compiler<'_> {
     /// and gives every entry (in `order`) the executable of its body.
     fn compile_all(
         &self,
-        order: &[EntryKey],
-        entries: &HashMap<EntryKey, EntryState>,
+        order: &[LadderPoint],
+        entries: &HashMap<LadderPoint, EntryState>,
     ) -> Result<Compiled, LoadError> {
         let mut bodies: Vec<&Entry> = Vec::new();
         for key in order {
@@ -638,11 +626,9 @@ fn arg_plan(
     let mut inputs = Vec::with_capacity(signature.inputs.len());
     for spec in &signature.inputs {
         inputs.push(match &spec.role {
-            Role::TokenIds => Source::Step(0),
-            Role::Positions => Source::Step(1),
-            Role::BlockTables => Source::Step(2),
-            Role::SeqLens => Source::Step(3),
-            Role::SlotMapping => Source::Step(4),
+            role if StepInput::from_role(role).is_some() => {
+                Source::Step(StepInput::from_role(role).expect("matched"))
+            }
             Role::Weight { slot } => {
                 Source::Weight(*weight_index.get(slot.as_str()).ok_or_else(|| {
                     unsupported(format!("weight slot {slot} is not in the manifest"))
@@ -719,7 +705,11 @@ impl ModelExecutor for Model {
         Some(self.platform.clone())
     }
 
-    fn step(&mut self, key: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
+    fn step(
+        &mut self,
+        key: &LadderPoint,
+        inputs: &StepInputs,
+    ) -> Result<StepOutput, ExecutorError> {
         let launched = self.launch(key, inputs, None)?;
         self.read(key, launched, inputs.want_logits)
     }
@@ -738,7 +728,7 @@ impl ModelExecutor for Model {
 
     fn decode_chain(
         &mut self,
-        key: &EntryKey,
+        key: &LadderPoint,
         steps: &[StepInputs],
     ) -> Result<Vec<StepOutput>, ExecutorError> {
         // Every step is launched before any result is read: the device runs them back to back,
@@ -780,7 +770,7 @@ impl Model {
     /// and launches `key` without waiting for the device.
     fn launch(
         &mut self,
-        key: &EntryKey,
+        key: &LadderPoint,
         inputs: &StepInputs,
         fed: Option<&Buffer>,
     ) -> Result<Launched, ExecutorError> {
@@ -800,16 +790,7 @@ impl Model {
             tracing::info!(entry = %key, ms = started.elapsed().as_millis() as u64, "compiled on first use");
             self.entries.get_mut(key).expect("checked").executable = Some(executable);
         }
-        let (b, t) = (key.batch, key.tokens);
-        let cols = key.context / self.shape.block_size;
-        let shapes: [(&[i32], Vec<i64>); 5] = [
-            (&inputs.token_ids, vec![b as i64, t as i64]),
-            (&inputs.positions, vec![b as i64, t as i64]),
-            (&inputs.block_tables, vec![b as i64, cols as i64]),
-            (&inputs.seq_lens, vec![b as i64]),
-            (&inputs.slot_mapping, vec![(b * t) as i64]),
-        ];
-        if fed.is_some() && t != 1 {
+        if fed.is_some() && key.tokens != 1 {
             return Err(ExecutorError::BadInputs {
                 entry: *key,
                 what: "device-fed token ids on an entry of more than one token per row".into(),
@@ -822,22 +803,28 @@ impl Model {
             self.refill_pools()
                 .map_err(|e| Self::device_error(key, "reallocating the K/V pools", e))?;
         }
-        let mut step_buffers = Vec::with_capacity(5);
-        for (i, (data, dims)) in shapes.iter().enumerate() {
-            let expected: i64 = dims.iter().product();
-            if data.len() as i64 != expected {
+        // Kept by step input (`StepInput::index`); `None` for device-fed token ids.
+        let mut step_buffers = Vec::with_capacity(StepInput::ALL.len());
+        for input in StepInput::ALL {
+            let data = inputs.array(input);
+            let dims = dims_i64(&input.dims(*key, self.shape.block_size));
+            if data.len() as i64 != dims.iter().product::<i64>() {
                 return Err(ExecutorError::BadInputs {
                     entry: *key,
-                    what: format!("an input of {} values for dims {dims:?}", data.len()),
+                    what: format!(
+                        "{} of {} values for dims {dims:?}",
+                        input.name(),
+                        data.len()
+                    ),
                 });
             }
-            if i == 0 && fed.is_some() {
+            if input == StepInput::TokenIds && fed.is_some() {
                 step_buffers.push(None);
                 continue;
             }
             step_buffers.push(Some(
                 self.client
-                    .buffer_from_host(data, dims, &self.device)
+                    .buffer_from_host(data, &dims, &self.device)
                     .map_err(|e| Self::device_error(key, "uploading step inputs", e))?,
             ));
         }
@@ -847,8 +834,8 @@ impl Model {
         let plan = &state.plan;
         let executable = state.executable.as_ref().expect("compiled above");
         // Step inputs in role order; the token ids come from the device when fed.
-        let step_input = |i: usize| {
-            step_buffers[i]
+        let step_input = |input: StepInput| {
+            step_buffers[input.index()]
                 .as_ref()
                 .or(fed)
                 .expect("only the token ids are left out, and only when fed")
@@ -884,7 +871,7 @@ impl Model {
     /// Waits for a launched step and copies its next tokens (and logits when wanted) back.
     fn read(
         &self,
-        key: &EntryKey,
+        key: &LadderPoint,
         launched: Launched,
         want_logits: bool,
     ) -> Result<StepOutput, ExecutorError> {

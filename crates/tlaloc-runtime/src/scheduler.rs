@@ -35,188 +35,23 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::block_manager::{BlockManager, BlockPoolError, PageId};
-use crate::executor::{EntryKey, EntryKind, ModelShape, StepInputs, StepOutput};
-use crate::sampling::{Sampled, Sampler, SamplingParams};
+use crate::executor::{Ladder, LadderPoint, ModelShape, StepInputs, StepOutput};
+use crate::request::{
+    Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, StopParams,
+    TokenUpdate, Usage, ValidatedRequest,
+};
+use crate::sampling::{Sampled, Sampler};
+pub use tlaloc_artifact::LadderError;
 
-/// Identifies a request for its whole life (abort, events).
-pub type RequestId = u64;
-
-/// When a request stops, besides its token budget.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StopParams {
-    /// Stop after emitting any of these tokens.
-    pub stop_token_ids: Vec<u32>,
-}
-
-/// One generation request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenerateRequest {
-    /// Prompt token ids (at least one).
-    pub prompt_ids: Vec<u32>,
-    /// How tokens are chosen.
-    pub sampling: SamplingParams,
-    /// Stop tokens and eos handling.
-    pub stop: StopParams,
-    /// Generated tokens at most; `None` fills the context up to the top bucket.
-    pub max_tokens: Option<usize>,
-    /// How many top log-probabilities to return per token (`Some(0)`: the chosen one only).
-    pub logprobs: Option<usize>,
-    /// Do not stop on the model's end-of-sequence tokens.
-    pub ignore_eos: bool,
-}
-
-impl GenerateRequest {
-    /// Greedy decoding of `prompt_ids` for at most `max_tokens` tokens.
-    pub fn greedy(prompt_ids: Vec<u32>, max_tokens: usize) -> Self {
-        Self {
-            prompt_ids,
-            sampling: SamplingParams::greedy(),
-            stop: StopParams::default(),
-            max_tokens: Some(max_tokens),
-            logprobs: None,
-            ignore_eos: false,
-        }
-    }
-}
-
-/// Why a sequence ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FinishReason {
-    /// A stop or end-of-sequence token was emitted.
-    Stop,
-    /// The token budget was used up.
-    Length,
-    /// The request was aborted (by the caller, or its listener went away).
-    Abort,
-}
-
-impl FinishReason {
-    /// The OpenAI spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Abort => "abort",
-        }
-    }
-}
-
-/// Token counts of a finished request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Tokens of the prompt as submitted.
-    pub prompt_tokens: usize,
-    /// Tokens generated.
-    pub completion_tokens: usize,
-}
-
-/// Where a request's time went.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestTimings {
-    /// Submission until its first step.
-    pub queued: Duration,
-    /// Submission until its first generated token.
-    pub time_to_first_token: Option<Duration>,
-    /// Submission until it finished.
-    pub total: Duration,
-    /// Times it was preempted and recomputed.
-    pub preemptions: u32,
-}
-
-/// A sequence that ended, with its accounting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Finish {
-    /// Why.
-    pub reason: FinishReason,
-    /// Token counts.
-    pub usage: Usage,
-    /// Time split.
-    pub timings: RequestTimings,
-}
-
-/// What a step produced for one request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenUpdate {
-    /// The request.
-    pub id: RequestId,
-    /// The new token (with log-probabilities when asked).
-    pub sampled: Sampled,
-    /// Set when this token ended the request (its pages are already free).
-    pub finish: Option<Finish>,
-}
-
-/// A request refused at submission, named.
+/// The model's shape cannot be scheduled.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum Refusal {
-    /// An empty prompt.
-    #[error("empty prompt refused; a prompt needs at least 1 token")]
-    EmptyPrompt,
-    /// A prompt token outside the vocabulary.
-    #[error(
-        "prompt token id {token} at index {index} refused: the vocabulary has ids 0..{vocab_size}"
-    )]
-    TokenOutOfVocabulary {
-        token: u32,
-        index: usize,
-        vocab_size: usize,
-    },
-    /// `max_tokens` of 0.
-    #[error("max_tokens 0 refused; ask for at least 1 token")]
-    ZeroMaxTokens,
-    /// Prompt plus budget past the top context bucket (never clamped).
-    #[error(
-        "prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} needs a context of {needed} tokens, past the artifact's top context bucket of {max_context}; shorten the prompt or lower max_tokens"
-    )]
-    ContextTooLong {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        needed: usize,
-        max_context: usize,
-    },
-    /// The sequence would need more pages than the pool holds in all.
-    #[error(
-        "a context of {needed} tokens needs {pages} K/V pages but the pool has only {allocatable}; export with more blocks or lower max_tokens"
-    )]
-    PoolTooSmall {
-        needed: usize,
-        pages: usize,
-        allocatable: usize,
-    },
-    /// A sampling parameter out of range.
+pub enum ShapeError {
+    /// The ladder is malformed.
     #[error(transparent)]
-    Sampling(#[from] crate::sampling::InvalidSamplingParam),
-    /// `logprobs` past the vocabulary.
-    #[error("logprobs {asked} refused: at most {vocab_size} (the vocabulary size)")]
-    TooManyLogprobs { asked: usize, vocab_size: usize },
-}
-
-/// The ladder lacks what a scheduler needs.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum LadderError {
-    /// No entry of a kind.
-    #[error(
-        "the artifact has no {0} entry; the scheduler needs at least one prefill and one decode entry"
-    )]
-    MissingKind(EntryKind),
-    /// An entry whose shape cannot be served.
-    #[error("entry {entry} refused: {why}")]
-    BadEntry { entry: EntryKey, why: &'static str },
+    Ladder(#[from] LadderError),
     /// The pool shape.
     #[error(transparent)]
     Pool(#[from] BlockPoolError),
-}
-
-/// A step the executor cannot run because the ladder has no entry for it (a hole in the grid).
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error(
-    "no {kind} entry holds {rows} row(s) of {tokens} token(s) at context {context}; the ladder has {entries:?}"
-)]
-pub struct NoEntry {
-    kind: EntryKind,
-    rows: usize,
-    tokens: usize,
-    context: usize,
-    entries: Vec<EntryKey>,
 }
 
 /// A step the ladder cannot hold; the sequences it concerned were ended.
@@ -224,122 +59,9 @@ pub struct NoEntry {
 #[error("{error}")]
 pub struct Unschedulable {
     /// Why.
-    pub error: NoEntry,
+    pub error: LadderError,
     /// The sequences ended because of it (their pages are free).
     pub ended: Vec<(RequestId, Finish)>,
-}
-
-/// The entries the scheduler picks from, with the limits they imply.
-#[derive(Debug, Clone)]
-pub struct Ladder {
-    entries: Vec<EntryKey>,
-    block_size: usize,
-    max_decode_batch: usize,
-    max_prefill_batch: usize,
-    prefill_chunks: Vec<usize>,
-    max_context: usize,
-}
-
-impl Ladder {
-    /// Checks the entries against the block size and each other.
-    pub fn new(entries: &[EntryKey], block_size: usize) -> Result<Self, LadderError> {
-        for entry in entries {
-            let why = if entry.batch == 0 || entry.tokens == 0 || entry.context == 0 {
-                Some("B, T and C must all be at least 1")
-            } else if block_size == 0 || entry.context % block_size != 0 {
-                Some("its context is not a multiple of the block size")
-            } else if entry.kind == EntryKind::Decode && entry.tokens != 1 {
-                Some("a decode entry takes 1 token per row")
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(LadderError::BadEntry { entry: *entry, why });
-            }
-        }
-        let of_kind = |kind| entries.iter().filter(move |e| e.kind == kind);
-        let top = |kind| of_kind(kind).map(|e: &EntryKey| e.context).max();
-        let top_decode =
-            top(EntryKind::Decode).ok_or(LadderError::MissingKind(EntryKind::Decode))?;
-        let top_prefill =
-            top(EntryKind::Prefill).ok_or(LadderError::MissingKind(EntryKind::Prefill))?;
-        let mut prefill_chunks: Vec<usize> =
-            of_kind(EntryKind::Prefill).map(|e| e.tokens).collect();
-        prefill_chunks.sort_unstable();
-        prefill_chunks.dedup();
-        let mut sorted = entries.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
-        Ok(Self {
-            max_decode_batch: of_kind(EntryKind::Decode)
-                .map(|e| e.batch)
-                .max()
-                .unwrap_or(1),
-            max_prefill_batch: of_kind(EntryKind::Prefill)
-                .map(|e| e.batch)
-                .max()
-                .unwrap_or(1),
-            max_context: top_decode.min(top_prefill),
-            entries: sorted,
-            block_size,
-            prefill_chunks,
-        })
-    }
-
-    /// Every entry, sorted.
-    pub fn entries(&self) -> &[EntryKey] {
-        &self.entries
-    }
-
-    /// The longest sequence (prompt + generated) served: the top context bucket.
-    pub fn max_context(&self) -> usize {
-        self.max_context
-    }
-
-    /// Tokens per K/V page.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// The largest decode batch.
-    pub fn max_decode_batch(&self) -> usize {
-        self.max_decode_batch
-    }
-
-    /// The smallest entry of `kind` with T = `tokens` that holds `rows` rows and `context`
-    /// tokens: batch rounded up first, then context.
-    pub fn select(
-        &self,
-        kind: EntryKind,
-        rows: usize,
-        tokens: usize,
-        context: usize,
-    ) -> Result<EntryKey, NoEntry> {
-        self.entries
-            .iter()
-            .filter(|e| {
-                e.kind == kind && e.tokens == tokens && e.batch >= rows && e.context >= context
-            })
-            .min_by_key(|e| (e.batch, e.context))
-            .copied()
-            .ok_or_else(|| NoEntry {
-                kind,
-                rows,
-                tokens,
-                context,
-                entries: self.entries.clone(),
-            })
-    }
-
-    /// The chunk size for a prompt with `remaining` tokens left: the smallest prefill size that
-    /// holds them all, else the largest.
-    fn chunk_for(&self, remaining: usize) -> usize {
-        self.prefill_chunks
-            .iter()
-            .copied()
-            .find(|&t| t >= remaining)
-            .unwrap_or_else(|| *self.prefill_chunks.last().expect("checked non-empty"))
-    }
 }
 
 #[derive(Debug)]
@@ -413,7 +135,7 @@ pub struct RowPlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledStep {
     /// The entry to run.
-    pub entry: EntryKey,
+    pub entry: LadderPoint,
     /// Its inputs.
     pub inputs: StepInputs,
     /// The live rows, in row order (rows past them are padding).
@@ -433,7 +155,7 @@ pub struct ScheduledStep {
 pub enum OutputError {
     /// Fewer next tokens than rows, or logits missing when asked for.
     #[error("step output for entry {entry} is malformed: {what}")]
-    Malformed { entry: EntryKey, what: String },
+    Malformed { entry: LadderPoint, what: String },
 }
 
 /// Counts for metrics.
@@ -454,6 +176,7 @@ pub struct SchedulerCounts {
 /// The continuous-batching scheduler: queue, running set, page pool, sampling of outputs.
 #[derive(Debug)]
 pub struct Scheduler {
+    shape: ModelShape,
     ladder: Ladder,
     pool: BlockManager,
     vocab_size: usize,
@@ -465,7 +188,7 @@ pub struct Scheduler {
     max_decode_chain: usize,
     /// Per decode entry: steps observed, and the wall time of one step (an exponential average
     /// that leaves out the first step, which can carry one-time work of a first execution).
-    decode_costs: HashMap<EntryKey, (u32, Duration)>,
+    decode_costs: HashMap<LadderPoint, (u32, Duration)>,
     explore_decode: bool,
 }
 
@@ -480,9 +203,11 @@ pub const DECODE_STEPS_BEFORE_TRYING: u32 = 16;
 
 impl Scheduler {
     /// A scheduler over a model's ladder and pool.
-    pub fn new(shape: &ModelShape) -> Result<Self, LadderError> {
+    pub fn new(shape: &ModelShape) -> Result<Self, ShapeError> {
+        shape.ladder.validate()?;
         Ok(Self {
-            ladder: Ladder::new(&shape.entries, shape.block_size)?,
+            shape: shape.clone(),
+            ladder: shape.ladder.clone(),
             pool: BlockManager::new(shape.num_blocks, shape.block_size)?,
             vocab_size: shape.vocab_size,
             eos_token_ids: shape.eos_token_ids.clone(),
@@ -509,7 +234,7 @@ impl Scheduler {
     }
 
     /// Records the wall time of one step of the decode entry `entry`.
-    pub fn observe_decode_cost(&mut self, entry: EntryKey, per_step: Duration) {
+    pub fn observe_decode_cost(&mut self, entry: LadderPoint, per_step: Duration) {
         let (seen, cost) = self.decode_costs.entry(entry).or_insert((0, per_step));
         *cost = match *seen {
             0 | 1 => per_step,
@@ -523,30 +248,23 @@ impl Scheduler {
     /// context bucket that fits: the smallest until it has run [`DECODE_STEPS_BEFORE_TRYING`]
     /// steps, then the first not yet measured (two steps: the first is left out), else the
     /// fastest.
-    pub fn decode_entry(&self, rows: usize, context: usize) -> Result<EntryKey, NoEntry> {
-        let smallest = self.ladder.select(EntryKind::Decode, rows, 1, context)?;
+    pub fn decode_entry(&self, rows: usize, context: usize) -> Result<LadderPoint, LadderError> {
+        let smallest = self.ladder.decode_entry(rows, context)?;
         if !self.explore_decode {
             return Ok(smallest);
         }
-        let seen = |e: &EntryKey| self.decode_costs.get(e).map_or(0, |&(seen, _)| seen);
+        let seen = |e: &LadderPoint| self.decode_costs.get(e).map_or(0, |&(seen, _)| seen);
         // The smallest runs a while first, so that a short generation never pays for trying
         // another bucket.
         if seen(&smallest) < DECODE_STEPS_BEFORE_TRYING {
             return Ok(smallest);
         }
-        let candidates: Vec<EntryKey> = self
+        let candidates: Vec<LadderPoint> = self
             .ladder
-            .entries()
-            .iter()
-            .filter(|e| {
-                e.kind == EntryKind::Decode
-                    && e.context == smallest.context
-                    && e.batch >= smallest.batch
-            })
-            .copied()
-            .take(DECODE_BUCKETS_TRIED) // the ladder's entries are sorted: by batch here
+            .decode_points_from(smallest)
+            .take(DECODE_BUCKETS_TRIED)
             .collect();
-        let measured = |e: &EntryKey| match self.decode_costs.get(e) {
+        let measured = |e: &LadderPoint| match self.decode_costs.get(e) {
             Some(&(seen, cost)) if seen >= 2 => Some(cost),
             _ => None,
         };
@@ -564,31 +282,16 @@ impl Scheduler {
         &self.ladder
     }
 
-    /// Checks a request against the ladder, the pool and the vocabulary; returns its token
-    /// budget (`max_tokens`, or what the top context bucket leaves).
-    pub fn validate(&self, request: &GenerateRequest) -> Result<usize, Refusal> {
-        validate_request(
-            request,
-            &self.ladder,
-            self.pool.allocatable(),
-            self.pool.block_size(),
-            self.vocab_size,
-        )
-    }
-
-    /// Queues a request (validated here too).
+    /// Validates a request against this scheduler's model and queues it.
     pub fn add(&mut self, id: RequestId, request: GenerateRequest) -> Result<(), Refusal> {
-        self.add_arrived(id, request, Instant::now())
+        let request = request.validate(&self.shape)?;
+        self.add_arrived(id, request, Instant::now());
+        Ok(())
     }
 
-    /// Queues a request that arrived at `arrived` (for accurate queue timings).
-    pub fn add_arrived(
-        &mut self,
-        id: RequestId,
-        request: GenerateRequest,
-        arrived: Instant,
-    ) -> Result<(), Refusal> {
-        let max_tokens = self.validate(&request)?;
+    /// Queues a validated request that arrived at `arrived` (for accurate queue timings).
+    pub fn add_arrived(&mut self, id: RequestId, request: ValidatedRequest, arrived: Instant) {
+        let (request, max_tokens) = request.into_parts();
         let sampler = Sampler::new(request.sampling, &request.prompt_ids);
         self.waiting.push_back(Sequence {
             id,
@@ -606,7 +309,6 @@ impl Scheduler {
             first_token: None,
             preemptions: 0,
         });
-        Ok(())
     }
 
     /// Ends a request wherever it is, freeing its pages at once; `None` if it is not here.
@@ -702,7 +404,7 @@ impl Scheduler {
             })
             .sum();
         let mut free = self.pool.free_count().saturating_sub(outstanding);
-        while self.running.len() < self.ladder.max_decode_batch {
+        while self.running.len() < self.ladder.max_decode_batch() {
             let Some(next) = self.waiting.front() else {
                 break;
             };
@@ -755,13 +457,13 @@ impl Scheduler {
     fn schedule_decode(
         &mut self,
         chain_limit: usize,
-    ) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
+    ) -> Result<Option<ScheduledStep>, (LadderError, Vec<RequestId>)> {
         let candidates: Vec<RequestId> = self
             .running
             .iter()
             .filter(|s| s.remaining() == 1)
             .map(|s| s.id)
-            .take(self.ladder.max_decode_batch)
+            .take(self.ladder.max_decode_batch())
             .collect();
         let mut rows = Vec::new();
         for id in candidates {
@@ -805,7 +507,7 @@ impl Scheduler {
     /// chain stays inside the entry's context bucket, runs no longer than the longest row's
     /// remaining token budget, and takes its extra pages from free pages only (a chain never
     /// preempts anyone).
-    fn chain_length(&mut self, rows: &[RequestId], entry: EntryKey, limit: usize) -> usize {
+    fn chain_length(&mut self, rows: &[RequestId], entry: LadderPoint, limit: usize) -> usize {
         if limit <= 1 {
             return 1;
         }
@@ -863,13 +565,13 @@ impl Scheduler {
         chained
     }
 
-    fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (NoEntry, Vec<RequestId>)> {
+    fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (LadderError, Vec<RequestId>)> {
         let mut ids: Vec<RequestId> = self
             .running
             .iter()
             .filter(|s| s.remaining() > 1)
             .map(|s| s.id)
-            .take(self.ladder.max_prefill_batch)
+            .take(self.ladder.max_prefill_batch())
             .collect();
         let first_remaining = self.seq(ids[0]).remaining();
         let chunk = self.ladder.chunk_for(first_remaining);
@@ -882,10 +584,7 @@ impl Scheduler {
                 })
                 .max()
                 .expect("non-empty");
-            match self
-                .ladder
-                .select(EntryKind::Prefill, ids.len(), chunk, context)
-            {
+            match self.prefill_entry(ids.len(), chunk, context) {
                 Ok(_) => break,
                 Err(e) if ids.len() == 1 => return Err((e, ids)),
                 Err(_) => {
@@ -915,10 +614,28 @@ impl Scheduler {
             .max()
             .expect("non-empty");
         let entry = self
-            .ladder
-            .select(EntryKind::Prefill, plans.len(), chunk, context)
+            .prefill_entry(plans.len(), chunk, context)
             .map_err(|e| (e, plans.iter().map(|p| p.id).collect()))?;
         Ok(Some(self.build(entry, plans)))
+    }
+
+    /// The prefill entry for `rows` rows of at most `chunk` tokens (a chunk the ladder has,
+    /// from [`Ladder::chunk_for`]) whose longest ends at `context`. A row of fewer tokens than
+    /// the chunk rounds up to that same chunk: the chunk is the smallest that holds them.
+    fn prefill_entry(
+        &self,
+        rows: usize,
+        chunk: usize,
+        context: usize,
+    ) -> Result<LadderPoint, LadderError> {
+        if rows > self.ladder.max_prefill_batch() {
+            return Err(LadderError::BatchTooLarge {
+                requested: rows,
+                max: self.ladder.max_prefill_batch(),
+            });
+        }
+        // A chunk's real tokens never outnumber the context they end at.
+        self.ladder.prefill_entry(chunk.min(context), context)
     }
 
     fn seq(&self, id: RequestId) -> &Sequence {
@@ -926,18 +643,11 @@ impl Scheduler {
     }
 
     /// Lays out the inputs of `entry` for `rows`; rows past them follow the padding contract.
-    fn build(&self, entry: EntryKey, rows: Vec<RowPlan>) -> ScheduledStep {
-        let (b, t) = (entry.batch, entry.tokens);
+    fn build(&self, entry: LadderPoint, rows: Vec<RowPlan>) -> ScheduledStep {
+        let t = entry.tokens;
         let bs = self.pool.block_size();
-        let cols = entry.context / bs;
-        let mut inputs = StepInputs {
-            token_ids: vec![0; b * t],
-            positions: vec![0; b * t],
-            block_tables: vec![0; b * cols],
-            seq_lens: vec![1; b],
-            slot_mapping: vec![-1; b * t],
-            want_logits: false,
-        };
+        let cols = self.ladder.blocks_per_sequence(entry.context);
+        let mut inputs = StepInputs::padded(entry, bs);
         for (r, plan) in rows.iter().enumerate() {
             let seq = self.seq(plan.id);
             for (j, &page) in seq.pages.iter().take(cols).enumerate() {
@@ -1068,60 +778,4 @@ impl Scheduler {
         self.pool.release(&mut seq.pages);
         seq.finish(reason)
     }
-}
-
-/// The submission-time checks, shared with the engine handle (which refuses without a round
-/// trip to the engine thread).
-pub(crate) fn validate_request(
-    request: &GenerateRequest,
-    ladder: &Ladder,
-    allocatable_pages: usize,
-    block_size: usize,
-    vocab_size: usize,
-) -> Result<usize, Refusal> {
-    let prompt = &request.prompt_ids;
-    if prompt.is_empty() {
-        return Err(Refusal::EmptyPrompt);
-    }
-    if let Some((index, &token)) = prompt
-        .iter()
-        .enumerate()
-        .find(|(_, t)| **t as usize >= vocab_size)
-    {
-        return Err(Refusal::TokenOutOfVocabulary {
-            token,
-            index,
-            vocab_size,
-        });
-    }
-    request.sampling.validate()?;
-    if let Some(asked) = request.logprobs
-        && asked > vocab_size
-    {
-        return Err(Refusal::TooManyLogprobs { asked, vocab_size });
-    }
-    let max_context = ladder.max_context();
-    let max_tokens = match request.max_tokens {
-        Some(0) => return Err(Refusal::ZeroMaxTokens),
-        Some(n) => n,
-        None => max_context.saturating_sub(prompt.len()).max(1),
-    };
-    let needed = prompt.len().saturating_add(max_tokens);
-    if needed > max_context {
-        return Err(Refusal::ContextTooLong {
-            prompt_tokens: prompt.len(),
-            max_tokens,
-            needed,
-            max_context,
-        });
-    }
-    let pages = needed.div_ceil(block_size);
-    if pages > allocatable_pages {
-        return Err(Refusal::PoolTooSmall {
-            needed,
-            pages,
-            allocatable: allocatable_pages,
-        });
-    }
-    Ok(max_tokens)
 }

@@ -6,9 +6,7 @@
 use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
-use tlaloc_runtime::{
-    EngineError, EngineHandle, FinishReason, RequestId, TokenEvent, scheduler::Refusal,
-};
+use tlaloc_runtime::{EngineError, EngineHandle, FinishReason, Refusal, RequestId, TokenEvent};
 use tracing::Span;
 
 use crate::error::ApiError;

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 use tlaloc_artifact::Artifact;
-use tlaloc_runtime::{EngineHandle, EntryKind};
+use tlaloc_runtime::EngineHandle;
 
 use crate::chat::{ChatTemplate, ChatTemplateError};
 use crate::error::ApiError;
@@ -241,15 +241,7 @@ impl AppState {
 
     /// Sequences the server holds at most: what the engine runs at once, plus the queue.
     pub fn capacity(&self, engine: &EngineHandle) -> usize {
-        let running = engine
-            .shape()
-            .entries
-            .iter()
-            .filter(|e| e.kind == EntryKind::Decode)
-            .map(|e| e.batch)
-            .max()
-            .unwrap_or(1);
-        running + self.config.max_queue
+        engine.shape().ladder.max_decode_batch() + self.config.max_queue
     }
 
     /// Takes places for `count` sequences, or refuses with 429.

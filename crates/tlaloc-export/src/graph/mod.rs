@@ -37,6 +37,7 @@ pub mod rope;
 
 use std::collections::BTreeMap;
 
+use tlaloc_artifact::step::{self, StepInput};
 use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint};
 use tlaloc_hlo::{
     CompareDirection, DType, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision,
@@ -378,19 +379,26 @@ fn build(
     let c = &plan.config;
     let (b, t) = (point.batch, point.tokens);
     let n = b * t;
-    let pages = point.context / kv.block_size;
     let context = point.context;
     let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     let groups = heads / kv_heads;
     let hidden = c.hidden_size;
     let i32_ty = |dims: &[usize]| TensorType::new(DType::I32, dims.to_vec());
 
-    let token_ids = g.f.arg_named("tokenIds", i32_ty(&[b, t]))?;
+    // The step inputs as the artifact's step contract declares them (names, dims, i32).
+    let mut step_arg = |input: StepInput| {
+        let ty = TensorType::new(
+            hlo_dtype_unchecked(StepInput::DTYPE),
+            input.dims(point, kv.block_size),
+        );
+        g.f.arg_named(input.name(), ty)
+    };
+    let token_ids = step_arg(StepInput::TokenIds)?;
     let inputs = Inputs {
-        positions: g.f.arg_named("positions", i32_ty(&[b, t]))?,
-        block_tables: g.f.arg_named("blockTables", i32_ty(&[b, pages]))?,
-        seq_lens: g.f.arg_named("seqLens", i32_ty(&[b]))?,
-        slot_mapping: g.f.arg_named("slotMapping", i32_ty(&[n]))?,
+        positions: step_arg(StepInput::Positions)?,
+        block_tables: step_arg(StepInput::BlockTables)?,
+        seq_lens: step_arg(StepInput::SeqLens)?,
+        slot_mapping: step_arg(StepInput::SlotMapping)?,
     };
     for slot in &plan.slots {
         let dtype = hlo_dtype_unchecked(slot.dtype);
@@ -401,8 +409,9 @@ fn build(
     let pool_ty = TensorType::new(g.pool, kv.pool_dims());
     let mut pools = Vec::with_capacity(2 * c.num_hidden_layers);
     for layer in 0..c.num_hidden_layers {
-        let k = g.f.arg_named(&format!("kPool.{layer}"), pool_ty.clone())?;
-        let v = g.f.arg_named(&format!("vPool.{layer}"), pool_ty.clone())?;
+        let [k_name, v_name] = step::pool_names(layer);
+        let k = g.f.arg_named(&k_name, pool_ty.clone())?;
+        let v = g.f.arg_named(&v_name, pool_ty.clone())?;
         pools.push((k, v));
     }
 

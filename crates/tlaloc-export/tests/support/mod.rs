@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tlaloc_artifact::{Artifact, Dtype, LadderError, LadderPoint};
+use tlaloc_artifact::{Artifact, Dtype, LadderError, LadderPoint, StepInput};
 use tlaloc_pjrt::{
     Buffer, Client, CompileOptions, Device, ElementType, ExecuteArg, LoadedExecutable,
 };
@@ -237,11 +237,12 @@ impl Runner {
         let bs = self.block_size();
         let pages = c / bs;
         assert!(rows.len() <= b);
-        let mut token_ids = vec![0i32; b * t];
-        let mut positions = vec![0i32; b * t];
-        let mut block_tables = vec![0i32; b * pages];
-        let mut seq_lens = vec![1i32; b];
-        let mut slot_mapping = vec![-1i32; b * t];
+        let pad = |input: StepInput| vec![input.padding(); input.dims(point, bs).iter().product()];
+        let mut token_ids = pad(StepInput::TokenIds);
+        let mut positions = pad(StepInput::Positions);
+        let mut block_tables = pad(StepInput::BlockTables);
+        let mut seq_lens = pad(StepInput::SeqLens);
+        let mut slot_mapping = pad(StepInput::SlotMapping);
         for (r, row) in rows.iter().enumerate() {
             assert!(row.tokens.len() <= t);
             let end = row.seq.len + row.tokens.len();

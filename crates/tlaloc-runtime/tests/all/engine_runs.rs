@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use tlaloc_runtime::scheduler::StopParams;
+use tlaloc_runtime::StopParams;
 use tlaloc_runtime::{
     Engine, EngineHandle, FinishReason, GenerateRequest, SamplingParams, TokenEvent,
 };

@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 
 use tlaloc_runtime::{
-    EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape, StepInputs, StepOutput,
+    ExecutorError, Ladder, LadderPoint, ModelExecutor, ModelShape, StepInputs, StepOutput,
     StepTimings,
 };
 
@@ -67,13 +67,13 @@ pub struct FakeModel {
 }
 
 impl FakeModel {
-    pub fn new(entries: Vec<EntryKey>, block_size: usize, num_blocks: usize) -> Self {
+    pub fn new(grid: Grid, block_size: usize, num_blocks: usize) -> Self {
         FakeModel {
             shape: ModelShape {
                 vocab_size: VOCAB,
                 block_size,
                 num_blocks,
-                entries,
+                ladder: grid.ladder(block_size),
                 eos_token_ids: vec![],
                 weight_bytes: 1000,
                 kv_bytes_per_token: 10,
@@ -104,28 +104,36 @@ impl FakeModel {
     }
 }
 
-/// A grid ladder: decode at each batch, prefill at batch 1 for each chunk, every context.
-pub fn grid(batches: &[usize], chunks: &[usize], contexts: &[usize]) -> Vec<EntryKey> {
-    let mut entries = Vec::new();
-    for &context in contexts {
-        for &batch in batches {
-            entries.push(EntryKey {
-                kind: EntryKind::Decode,
-                batch,
-                tokens: 1,
-                context,
-            });
-        }
-        for &tokens in chunks {
-            entries.push(EntryKey {
-                kind: EntryKind::Prefill,
-                batch: 1,
-                tokens,
-                context,
-            });
-        }
+/// The buckets of a ladder (its block size comes with the model): decode at each batch,
+/// prefill at batch 1 for each chunk, every context.
+#[derive(Debug, Clone)]
+pub struct Grid {
+    batches: Vec<usize>,
+    chunks: Vec<usize>,
+    contexts: Vec<usize>,
+}
+
+pub fn grid(batches: &[usize], chunks: &[usize], contexts: &[usize]) -> Grid {
+    Grid {
+        batches: batches.to_vec(),
+        chunks: chunks.to_vec(),
+        contexts: contexts.to_vec(),
     }
-    entries
+}
+
+impl Grid {
+    pub fn ladder(&self, block_size: usize) -> Ladder {
+        let ladder = Ladder {
+            max_batch: *self.batches.last().expect("a batch bucket"),
+            max_context: *self.contexts.last().expect("a context bucket"),
+            block_size,
+            batch_buckets: self.batches.clone(),
+            context_buckets: self.contexts.clone(),
+            prefill_chunks: self.chunks.clone(),
+        };
+        ladder.validate().expect("a valid test ladder");
+        ladder
+    }
 }
 
 impl ModelExecutor for FakeModel {
@@ -137,12 +145,16 @@ impl ModelExecutor for FakeModel {
         self.max_chain
     }
 
-    fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
+    fn step(
+        &mut self,
+        entry: &LadderPoint,
+        inputs: &StepInputs,
+    ) -> Result<StepOutput, ExecutorError> {
         let bad = |what: String| ExecutorError::BadInputs {
             entry: *entry,
             what,
         };
-        if !self.shape.entries.contains(entry) {
+        if !self.shape.ladder.points().contains(entry) {
             return Err(ExecutorError::UnknownEntry(*entry));
         }
         if let Some(gate) = &self.gate {

@@ -6,8 +6,8 @@ use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::scheduler::Scheduler;
 use tlaloc_runtime::{
-    CompileMode, Engine, EntryKey, EntryKind, GenerateRequest, LoadOptions, Model, ModelExecutor,
-    SamplingParams, StepInputs,
+    CompileMode, Engine, EntryKind, GenerateRequest, LadderPoint, LoadOptions, Model,
+    ModelExecutor, SamplingParams, StepInputs,
 };
 
 use crate::streams::{submit_all, try_collect_ids};
@@ -129,7 +129,7 @@ fn the_compile_cache_serves_a_second_start_with_the_same_results() {
         )
         .unwrap();
         let cold_timings = cold.load_timings().unwrap();
-        let entries = cold.shape().entries.len();
+        let entries = cold.shape().ladder.points().len();
         assert_eq!(
             (cold_timings.compiled, cold_timings.cache_hits),
             (entries, 0)
@@ -168,7 +168,7 @@ fn lazy_compilation_defers_every_entry_and_still_generates() {
         let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
         let timings = model.load_timings().unwrap();
         assert_eq!(timings.compiled + timings.cache_hits, 0);
-        assert_eq!(timings.deferred, model.shape().entries.len());
+        assert_eq!(timings.deferred, model.shape().ladder.points().len());
         let engine = Engine::start(model).unwrap();
         let prompt = prompts()[7].clone();
         let got = engine
@@ -196,7 +196,7 @@ fn padded_rows_write_nothing_and_unowned_slots_stay_bit_identical() {
         scheduler.complete(&prefill, &out).unwrap();
         let before: Vec<Vec<u8>> = (0..2).map(|i| model.read_pool(i).unwrap()).collect();
 
-        let entry = EntryKey {
+        let entry = LadderPoint {
             kind: EntryKind::Decode,
             batch: 4,
             tokens: 1,

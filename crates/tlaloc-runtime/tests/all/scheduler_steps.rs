@@ -1,6 +1,7 @@
 //! The scheduler's step inputs, checked field by field.
 
-use tlaloc_runtime::scheduler::{Refusal, Scheduler};
+use tlaloc_runtime::Refusal;
+use tlaloc_runtime::scheduler::Scheduler;
 use tlaloc_runtime::{EntryKind, GenerateRequest, ModelExecutor};
 
 use crate::fake::{FakeModel, grid, reference_next};
@@ -181,10 +182,12 @@ fn requests_past_the_top_context_bucket_are_refused_by_name() {
     );
     // With no max_tokens the budget is what the top bucket leaves.
     assert_eq!(
-        s.validate(&GenerateRequest {
+        GenerateRequest {
             max_tokens: None,
             ..GenerateRequest::greedy(vec![1; 20], 1)
-        }),
+        }
+        .validate(model.shape())
+        .map(|v| v.max_tokens()),
         Ok(12)
     );
     assert!(!s.has_work());
@@ -193,9 +196,9 @@ fn requests_past_the_top_context_bucket_are_refused_by_name() {
 #[test]
 fn a_pool_that_cannot_hold_one_sequence_is_refused_by_name() {
     let model = FakeModel::new(grid(&[1], &[4], &[64]), 4, 5);
-    let s = Scheduler::new(model.shape()).unwrap();
-    let err = s
-        .validate(&GenerateRequest::greedy(vec![1; 10], 10))
+    Scheduler::new(model.shape()).unwrap();
+    let err = GenerateRequest::greedy(vec![1; 10], 10)
+        .validate(model.shape())
         .unwrap_err();
     assert_eq!(
         err,
@@ -217,7 +220,7 @@ fn a_greedy_decode_chains_steps_one_token_further_and_writes_nothing_past_a_budg
     s.add(1, GenerateRequest::greedy(long.clone(), 10)).unwrap();
     s.add(2, GenerateRequest::greedy(short.clone(), 2)).unwrap();
     let mut out: [Vec<u32>; 2] = Default::default();
-    fn collect(out: &mut [Vec<u32>; 2], updates: Vec<tlaloc_runtime::scheduler::TokenUpdate>) {
+    fn collect(out: &mut [Vec<u32>; 2], updates: Vec<tlaloc_runtime::request::TokenUpdate>) {
         for u in updates {
             out[u.id as usize - 1].push(u.sampled.token);
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tlaloc_runtime::{
-    Engine, EngineHandle, EntryKey, EntryKind, ExecutorError, ModelExecutor, ModelShape,
+    Engine, EngineHandle, ExecutorError, Ladder, LadderPoint, ModelExecutor, ModelShape,
     StepInputs, StepOutput, StepTimings,
 };
 use tlaloc_server::{AppState, ModelText, ServerConfig, SharedState};
@@ -68,7 +68,11 @@ impl ModelExecutor for ScriptedModel {
         &self.shape
     }
 
-    fn step(&mut self, entry: &EntryKey, inputs: &StepInputs) -> Result<StepOutput, ExecutorError> {
+    fn step(
+        &mut self,
+        entry: &LadderPoint,
+        inputs: &StepInputs,
+    ) -> Result<StepOutput, ExecutorError> {
         std::thread::sleep(self.step_delay);
         self.steps += 1;
         if self.fail_after.is_some_and(|n| self.steps > n) {
@@ -98,25 +102,16 @@ impl ModelExecutor for ScriptedModel {
     }
 }
 
-pub fn entries(decode_batches: &[usize]) -> Vec<EntryKey> {
-    let mut e = Vec::new();
-    for context in [64, MAX_CONTEXT] {
-        for &batch in decode_batches {
-            e.push(EntryKey {
-                kind: EntryKind::Decode,
-                batch,
-                tokens: 1,
-                context,
-            });
-        }
-        e.push(EntryKey {
-            kind: EntryKind::Prefill,
-            batch: 1,
-            tokens: 16,
-            context,
-        });
+/// Decode at each of `decode_batches`, one prefill chunk of 16, contexts 64 and MAX_CONTEXT.
+pub fn ladder(decode_batches: &[usize]) -> Ladder {
+    Ladder {
+        max_batch: *decode_batches.last().expect("a batch bucket"),
+        max_context: MAX_CONTEXT,
+        block_size: BLOCK_SIZE,
+        batch_buckets: decode_batches.to_vec(),
+        context_buckets: vec![64, MAX_CONTEXT],
+        prefill_chunks: vec![16],
     }
-    e
 }
 
 pub struct Harness {
@@ -148,7 +143,7 @@ pub fn harness_failing(
             vocab_size: text.codec.vocab_size(),
             block_size: BLOCK_SIZE,
             num_blocks: NUM_BLOCKS,
-            entries: entries(decode_batches),
+            ladder: ladder(decode_batches),
             eos_token_ids: vec![text.codec.token_id("<|im_end|>").expect("eos")],
             weight_bytes: 0,
             kv_bytes_per_token: 0,

@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde_json::{Value, json};
 use tlaloc_runtime::{
-    CompileMode, EngineHandle, EngineStats, EntryKind, GenerateRequest, StepTimings, TokenEvent,
+    CompileMode, EngineHandle, EngineStats, GenerateRequest, StepTimings, TokenEvent,
 };
 
 use crate::cmd::generate::{EngineArgs, load_json, ms, split_json};
@@ -164,13 +164,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 fn measure(args: &BenchArgs, engine: &EngineHandle, ready: Duration) -> Result<()> {
     let shape = engine.shape().clone();
-    let max_batch = shape
-        .entries
-        .iter()
-        .filter(|e| e.kind == EntryKind::Decode)
-        .map(|e| e.batch)
-        .max()
-        .unwrap_or(0);
+    let max_batch = shape.ladder.max_decode_batch();
     if args.prompt_len == 0 || args.gen_len < 2 {
         bail!(
             "--prompt-len {} / --gen-len {} refused: a prompt needs at least 1 token and a decode window at least 2 generated tokens",
@@ -185,12 +179,12 @@ fn measure(args: &BenchArgs, engine: &EngineHandle, ready: Duration) -> Result<(
                 "--batch {b} refused: the artifact decodes 1 to {max_batch} rows per step; export with a larger --max-batch"
             );
         }
-        if b * pages_per_sequence > shape.num_blocks - 1 {
+        if b * pages_per_sequence > shape.allocatable_pages() {
             bail!(
                 "--batch {b} refused: {b} sequences of {} tokens need {} K/V pages but the pool has {}; they would preempt each other. Export with more blocks or lower --prompt-len/--gen-len",
                 args.prompt_len + args.gen_len,
                 b * pages_per_sequence,
-                shape.num_blocks - 1
+                shape.allocatable_pages()
             );
         }
     }

@@ -1,0 +1,170 @@
+//! The step contract: the operands every forward program takes before its weights and the
+//! results it returns before its pools, each with its name, role, dtype, dims at a ladder point
+//! and (for inputs) the value that fills a dead row or token.
+//!
+//! This is the one description of the contract: [`ProgramSignature::expected_for`] builds
+//! signatures from it (the writer checks graphs against them, the loader checks program files),
+//! the graph builder declares its arguments by these names, and the runtime lays out step inputs
+//! with these padding values.
+//!
+//! [`ProgramSignature::expected_for`]: crate::ProgramSignature::expected_for
+
+use crate::dtype::Dtype;
+use crate::ladder::LadderPoint;
+use crate::program::Role;
+
+/// The per-step inputs, in operand order (weights and then the K/V pools follow them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StepInput {
+    /// `[B, T]` token ids.
+    TokenIds,
+    /// `[B, T]` positions of those tokens in their sequences.
+    Positions,
+    /// `[B, C / blockSize]` the pages of each row's sequence.
+    BlockTables,
+    /// `[B]` each row's context length after the step.
+    SeqLens,
+    /// `[B * T]` the pool slot each token's K/V is written to.
+    SlotMapping,
+}
+
+impl StepInput {
+    /// Every step input, in operand order.
+    pub const ALL: [StepInput; 5] = [
+        StepInput::TokenIds,
+        StepInput::Positions,
+        StepInput::BlockTables,
+        StepInput::SeqLens,
+        StepInput::SlotMapping,
+    ];
+
+    /// Every step input is an i32 array.
+    pub const DTYPE: Dtype = Dtype::I32;
+
+    /// Its operand index (its place in [`StepInput::ALL`]).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The operand's name in program signatures and StableHLO bodies.
+    pub const fn name(self) -> &'static str {
+        match self {
+            StepInput::TokenIds => "tokenIds",
+            StepInput::Positions => "positions",
+            StepInput::BlockTables => "blockTables",
+            StepInput::SeqLens => "seqLens",
+            StepInput::SlotMapping => "slotMapping",
+        }
+    }
+
+    /// Its role in a program signature.
+    pub const fn role(self) -> Role {
+        match self {
+            StepInput::TokenIds => Role::TokenIds,
+            StepInput::Positions => Role::Positions,
+            StepInput::BlockTables => Role::BlockTables,
+            StepInput::SeqLens => Role::SeqLens,
+            StepInput::SlotMapping => Role::SlotMapping,
+        }
+    }
+
+    /// The step input with `role`, if it is one.
+    pub fn from_role(role: &Role) -> Option<StepInput> {
+        StepInput::ALL.into_iter().find(|i| i.role() == *role)
+    }
+
+    /// Its dims in the entry for `point` of an artifact whose pages hold `block_size` tokens.
+    pub fn dims(self, point: LadderPoint, block_size: usize) -> Vec<usize> {
+        let (b, t) = (point.batch, point.tokens);
+        match self {
+            StepInput::TokenIds | StepInput::Positions => vec![b, t],
+            StepInput::BlockTables => vec![b, point.context / block_size.max(1)],
+            StepInput::SeqLens => vec![b],
+            StepInput::SlotMapping => vec![b * t],
+        }
+    }
+
+    /// The value of a dead row's (or a padding token's) element.
+    ///
+    /// Block 0 is the scratch page; a sequence length is never 0 (a zero length masks every key
+    /// and the softmax becomes 0/0); slot -1 is out of bounds, so the K/V scatter drops it and a
+    /// dead token writes nothing.
+    pub const fn padding(self) -> i32 {
+        match self {
+            StepInput::TokenIds | StepInput::Positions | StepInput::BlockTables => 0,
+            StepInput::SeqLens => 1,
+            StepInput::SlotMapping => -1,
+        }
+    }
+}
+
+/// The per-step results, in output order (the updated K/V pools follow them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StepOutput {
+    /// `[B, V]` f32: the last real token's logits of each row.
+    Logits,
+    /// `[B]` i32: the in-graph greedy next token of each row.
+    NextTokens,
+    /// `[B, 1]` i32: the same tokens shaped as the next decode step's `tokenIds`, so that a
+    /// runtime can feed one step's output to the next on the device.
+    NextTokenIds,
+}
+
+impl StepOutput {
+    /// Every step output, in output order.
+    pub const ALL: [StepOutput; 3] = [
+        StepOutput::Logits,
+        StepOutput::NextTokens,
+        StepOutput::NextTokenIds,
+    ];
+
+    /// Its output index (its place in [`StepOutput::ALL`]).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The result's name in program signatures.
+    pub const fn name(self) -> &'static str {
+        match self {
+            StepOutput::Logits => "logits",
+            StepOutput::NextTokens => "nextTokens",
+            StepOutput::NextTokenIds => "nextTokenIds",
+        }
+    }
+
+    /// Its role in a program signature.
+    pub const fn role(self) -> Role {
+        match self {
+            StepOutput::Logits => Role::Logits,
+            StepOutput::NextTokens => Role::NextTokens,
+            StepOutput::NextTokenIds => Role::NextTokenIds,
+        }
+    }
+
+    /// The step output with `role`, if it is one.
+    pub fn from_role(role: &Role) -> Option<StepOutput> {
+        StepOutput::ALL.into_iter().find(|o| o.role() == *role)
+    }
+
+    /// Its dtype.
+    pub const fn dtype(self) -> Dtype {
+        match self {
+            StepOutput::Logits => Dtype::F32,
+            StepOutput::NextTokens | StepOutput::NextTokenIds => Dtype::I32,
+        }
+    }
+
+    /// Its dims in the entry for `point` of a model with `vocab_size` tokens.
+    pub fn dims(self, point: LadderPoint, vocab_size: usize) -> Vec<usize> {
+        match self {
+            StepOutput::Logits => vec![point.batch, vocab_size],
+            StepOutput::NextTokens => vec![point.batch],
+            StepOutput::NextTokenIds => vec![point.batch, 1],
+        }
+    }
+}
+
+/// The names of layer `layer`'s K and V pool operands.
+pub fn pool_names(layer: usize) -> [String; 2] {
+    [format!("kPool.{layer}"), format!("vPool.{layer}")]
+}
