@@ -23,8 +23,8 @@ use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTim
 use crate::model::Platform;
 
 use crate::request::{
-    Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, TokenUpdate, Usage,
-    ValidatedRequest,
+    Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceKey,
+    TokenUpdate, Usage, ValidatedRequest,
 };
 use crate::scheduler::{Scheduler, ShapeError};
 
@@ -103,6 +103,8 @@ pub struct EngineStats {
     pub running: usize,
     /// Sequences queued.
     pub waiting: usize,
+    /// Sequences parked between requests (their pages count as held).
+    pub parked: usize,
     /// K/V pages held.
     pub kv_pages_used: usize,
     /// K/V pages that can be held.
@@ -146,6 +148,7 @@ enum Command {
         events: UnboundedSender<TokenEvent>,
     },
     Abort(RequestId),
+    Release(SequenceKey),
     Shutdown,
 }
 
@@ -165,6 +168,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Submit { id, .. } => write!(f, "Submit({id})"),
             Command::Abort(id) => write!(f, "Abort({id})"),
+            Command::Release(key) => write!(f, "Release({key})"),
             Command::Shutdown => f.write_str("Shutdown"),
         }
     }
@@ -318,6 +322,13 @@ impl EngineHandle {
         let _ = self.send(Command::Abort(id));
     }
 
+    /// Ends the sequence parked under `key` ([`crate::SequenceControl`]), freeing its pages
+    /// before the next step. Releasing a key with nothing parked does nothing; a request still
+    /// running for it is not touched (it ends its sequence unless it asked to park it).
+    pub fn release_sequence(&self, key: SequenceKey) {
+        let _ = self.send(Command::Release(key));
+    }
+
     /// The current counts (never waits on a step).
     pub fn stats(&self) -> EngineStats {
         *self.stats.lock().expect("engine stats lock")
@@ -469,13 +480,28 @@ impl<E: ModelExecutor> Actor<E> {
                 arrived,
                 events,
             } => {
-                self.totals.prompt_tokens_total += request.request().prompt_ids.len() as u64;
-                self.scheduler.add_arrived(id, request, arrived);
-                self.listeners.insert(id, events);
+                let prompt_tokens = request.request().prompt_ids.len() as u64;
+                match self.scheduler.add_arrived(id, request, arrived) {
+                    Ok(()) => {
+                        self.totals.prompt_tokens_total += prompt_tokens;
+                        self.listeners.insert(id, events);
+                    }
+                    // Only a continued sequence is refused here (it no longer fits, or
+                    // another request holds it); everything else was refused at submission.
+                    Err(refusal) => {
+                        let _ = events.send(TokenEvent::Error {
+                            message: refusal.to_string(),
+                        });
+                    }
+                }
                 false
             }
             Command::Abort(id) => {
                 self.abort(id);
+                false
+            }
+            Command::Release(key) => {
+                self.scheduler.release(key);
                 false
             }
             Command::Shutdown => true,
@@ -654,6 +680,7 @@ impl<E: ModelExecutor> Actor<E> {
         *stats = EngineStats {
             running: counts.running,
             waiting: counts.waiting,
+            parked: counts.parked,
             kv_pages_used: counts.pages_used,
             kv_pages_total: counts.pages_total,
             preemptions_total: counts.preemptions,

@@ -1,19 +1,29 @@
-//! Loads a serving artifact onto a PJRT device and generates tokens from it: the paged K/V
-//! block manager, the continuous-batching scheduler, sampling, the executor that runs compiled
-//! entries, and the engine thread that the server and the CLI talk to.
+//! Loads a serving artifact onto a PJRT device and generates tokens from it.
+//!
+//! Rooms, bottom up: [`model`] loads an artifact and runs compiled entries ([`executor`] is the
+//! trait it implements); [`layout`] lays out one step's inputs; [`step_executor`] runs rows laid
+//! out by any caller (the seam for an external scheduler); [`block_manager`] hands out K/V
+//! pages; [`request`] is what a caller asks and its one validation; [`bucket`] chooses decode
+//! buckets by measurement; [`stop`] decides stops; [`sampling`] draws tokens; [`scheduler`]
+//! queues, admits, preempts, parks and completes sequences; [`engine`] is the thread that owns
+//! all of it and the handle the server and the CLI talk to.
 //!
 //! Nothing here links the exporter or the graph builder: an artifact is JSON, text and bytes.
 
 #![forbid(unsafe_code)]
 
 pub mod block_manager;
+pub mod bucket;
 pub mod compile_cache;
 pub mod engine;
 pub mod executor;
+pub mod layout;
 pub mod model;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod step_executor;
+pub mod stop;
 
 pub use engine::{
     Engine, EngineError, EngineHandle, EngineStats, GenerateResult, StepStats, TokenEvent,
@@ -24,7 +34,8 @@ pub use executor::{
 };
 pub use model::{CompileMode, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model, Platform};
 pub use request::{
-    FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, StopParams, Usage,
-    ValidatedRequest,
+    FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceControl,
+    SequenceKey, StopParams, Usage, ValidatedRequest,
 };
 pub use sampling::{Sampled, SamplingParams};
+pub use step_executor::{RowOutput, StepError, StepExecutor, StepRow};

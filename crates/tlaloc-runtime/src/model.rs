@@ -181,12 +181,109 @@ fn element_type(dtype: Dtype) -> ElementType {
     }
 }
 
+/// A client of the plugin `options` ask for, its first device, and what identifies them.
+struct OpenedClient {
+    client: Client,
+    device: Device,
+    platform: Platform,
+}
+
+/// Finds and loads the plugin and creates its client (GPU clients never preallocate).
+fn open_client(options: &LoadOptions) -> Result<OpenedClient, LoadError> {
+    let found = discovery::find(&options.plugin)?;
+    let plugin = Plugin::load(&found.path)
+        .map_err(pjrt(format!("loading plugin {}", found.path.display())))?;
+    let client_options = if found.kind.is_gpu() {
+        ClientOptions::gpu(GpuOptions {
+            preallocate: false,
+            memory_fraction: options.gpu_memory_fraction,
+            allocator: None,
+        })
+    } else {
+        ClientOptions::for_platform_hint(&found.path.to_string_lossy())
+    };
+    let client = Client::new(&plugin, client_options).map_err(pjrt(format!(
+        "creating a client of {}",
+        found.path.display()
+    )))?;
+    let device = client.first_device().map_err(pjrt("finding a device"))?;
+    let identity = CacheIdentity {
+        api_version: plugin.api_version(),
+        platform_name: client.platform_name().map_err(pjrt("platform name"))?,
+        platform_version: client
+            .platform_version()
+            .map_err(pjrt("platform version"))?,
+        plugin_file: CacheIdentity::plugin_file_of(plugin.path()),
+        device_kind: device.kind().to_owned(),
+        compiler_flags: CacheIdentity::compiler_flags_from_env(),
+    };
+    Ok(OpenedClient {
+        client,
+        device,
+        platform: Platform {
+            plugin_path: found.path.clone(),
+            identity,
+        },
+    })
+}
+
+/// Each entry's argument plan, keyed by its ladder point (nothing compiled yet).
+fn plan_entries(artifact: &Artifact) -> Result<HashMap<LadderPoint, EntryState>, LoadError> {
+    let manifest = artifact.manifest();
+    let weight_index: HashMap<&str, usize> = manifest
+        .weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.slot.as_str(), i))
+        .collect();
+    let mut entries = HashMap::new();
+    for entry in &manifest.entries {
+        let signature = artifact.program(&entry.name)?;
+        let plan = arg_plan(
+            entry,
+            signature,
+            &weight_index,
+            manifest.kv_cache.num_layers,
+        )?;
+        entries.insert(
+            entry.point(),
+            EntryState {
+                entry: entry.clone(),
+                plan,
+                executable: None,
+            },
+        );
+    }
+    Ok(entries)
+}
+
+/// What the scheduler and the benchmark need to know of the artifact.
+fn shape_of(artifact: &Artifact) -> ModelShape {
+    let manifest = artifact.manifest();
+    let kv = &manifest.kv_cache;
+    ModelShape {
+        vocab_size: manifest.model.vocab_size,
+        block_size: kv.block_size,
+        num_blocks: kv.num_blocks,
+        ladder: manifest.ladder.clone(),
+        eos_token_ids: manifest.model.eos_token_ids.clone(),
+        weight_bytes: manifest.weights.iter().map(|w| w.byte_length).sum(),
+        kv_bytes_per_token: (2
+            * kv.num_layers
+            * kv.num_kv_heads
+            * kv.head_dim
+            * kv.dtype.byte_size()) as u64,
+    }
+}
+
 fn dims_i64(dims: &[usize]) -> Vec<i64> {
     dims.iter().map(|&d| d as i64).collect()
 }
 
 impl Model {
-    /// Loads the artifact in `dir` with `options`.
+    /// Loads the artifact in `dir` with `options`, in phases: open (and verify) the artifact,
+    /// open the plugin and its client, plan each entry's arguments, then compile, upload the
+    /// weights and allocate the pools at the same time.
     pub fn load(dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model, LoadError> {
         let started = Instant::now();
         let mut timings = LoadTimings::default();
@@ -198,95 +295,33 @@ impl Model {
         timings.open = started.elapsed();
 
         let phase = Instant::now();
-        let found = discovery::find(&options.plugin)?;
-        let plugin = Plugin::load(&found.path)
-            .map_err(pjrt(format!("loading plugin {}", found.path.display())))?;
-        let client_options = if found.kind.is_gpu() {
-            ClientOptions::gpu(GpuOptions {
-                preallocate: false,
-                memory_fraction: options.gpu_memory_fraction,
-                allocator: None,
-            })
-        } else {
-            ClientOptions::for_platform_hint(&found.path.to_string_lossy())
-        };
-        let client = Client::new(&plugin, client_options).map_err(pjrt(format!(
-            "creating a client of {}",
-            found.path.display()
-        )))?;
-        let device = client.first_device().map_err(pjrt("finding a device"))?;
-        let identity = CacheIdentity {
-            api_version: plugin.api_version(),
-            platform_name: client.platform_name().map_err(pjrt("platform name"))?,
-            platform_version: client
-                .platform_version()
-                .map_err(pjrt("platform version"))?,
-            plugin_file: CacheIdentity::plugin_file_of(plugin.path()),
-            device_kind: device.kind().to_owned(),
-            compiler_flags: CacheIdentity::compiler_flags_from_env(),
-        };
+        let opened = open_client(options)?;
         timings.client = phase.elapsed();
 
-        let manifest = artifact.manifest();
-        let weight_index: HashMap<&str, usize> = manifest
-            .weights
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.slot.as_str(), i))
-            .collect();
-        let mut entries = HashMap::new();
-        for entry in &manifest.entries {
-            let signature = artifact.program(&entry.name)?;
-            let plan = arg_plan(
-                entry,
-                signature,
-                &weight_index,
-                manifest.kv_cache.num_layers,
-            )?;
-            entries.insert(
-                Entry::point(entry),
-                EntryState {
-                    entry: entry.clone(),
-                    plan,
-                    executable: None,
-                },
-            );
-        }
-
-        let kv = &manifest.kv_cache;
-        let shape = ModelShape {
-            vocab_size: manifest.model.vocab_size,
-            block_size: kv.block_size,
-            num_blocks: kv.num_blocks,
-            ladder: manifest.ladder.clone(),
-            eos_token_ids: manifest.model.eos_token_ids.clone(),
-            weight_bytes: manifest.weights.iter().map(|w| w.byte_length).sum(),
-            kv_bytes_per_token: (2
-                * kv.num_layers
-                * kv.num_kv_heads
-                * kv.head_dim
-                * kv.dtype.byte_size()) as u64,
-        };
-
+        let mut entries = plan_entries(&artifact)?;
+        let shape = shape_of(&artifact);
         let cache = options.compile_cache.as_ref().map(CompileCache::new);
         let compile_options = CompileOptions::default();
-        let platform = Platform {
-            plugin_path: found.path.clone(),
-            identity,
-        };
+        let kv = &artifact.manifest().kv_cache;
         let pool_type = element_type(kv.dtype);
         let pool_dims = dims_i64(&kv.pool_dims());
 
         // Compilation, weight upload and pool allocation share nothing but the client, so they
         // overlap; each reports its own wall time.
         let compiler = Compiler {
-            client: &client,
+            client: &opened.client,
             artifact: &artifact,
             cache: cache.as_ref(),
-            identity: &platform.identity,
+            identity: &opened.platform.identity,
             options: &compile_options,
         };
-        let order: Vec<LadderPoint> = manifest.entries.iter().map(Entry::point).collect();
+        let order: Vec<LadderPoint> = artifact
+            .manifest()
+            .entries
+            .iter()
+            .map(Entry::point)
+            .collect();
+        let (client, device) = (&opened.client, &opened.device);
         let (compiled, uploaded, allocated) = std::thread::scope(|scope| {
             let compile = scope.spawn(|| {
                 timed(|| match options.compile {
@@ -296,11 +331,11 @@ impl Model {
             });
             let allocate = scope.spawn(|| {
                 timed(|| {
-                    zero_pools(&client, &device, 2 * kv.num_layers, pool_type, &pool_dims)
+                    zero_pools(client, device, 2 * kv.num_layers, pool_type, &pool_dims)
                         .map_err(pjrt("allocating the K/V pools"))
                 })
             });
-            let uploaded = timed(|| upload_weights(&client, &device, &artifact));
+            let uploaded = timed(|| upload_weights(client, device, &artifact));
             (join(compile), uploaded, join(allocate))
         });
         let (compiled, compile_time) = compiled;
@@ -324,6 +359,11 @@ impl Model {
             None => timings.deferred = entries.len(),
         }
 
+        let OpenedClient {
+            client,
+            device,
+            platform,
+        } = opened;
         let mut model = Model {
             pool_type,
             pool_dims,

@@ -37,6 +37,29 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// Do not stop on the model's end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// The longer-lived sequence this request continues or starts, if any.
+    pub sequence: Option<SequenceControl>,
+}
+
+/// Names a sequence that outlives one request: a conversation whose later turns reuse the K/V
+/// of the earlier ones, or a Triton sequence (START ... END).
+pub type SequenceKey = u64;
+
+/// How a request joins a longer-lived sequence.
+///
+/// A sequence parked under `key` is continued: its tokens (prompt and output of the requests
+/// before, their K/V still in the pools unless evicted) come first, this request's prompt after
+/// them, and only the new tokens are prefilled. With no sequence parked under `key`, the
+/// request starts one. When the request finishes by a stop or its budget, the sequence is
+/// parked under `key` if `park` is set (its pages kept for the next request; freed first,
+/// oldest first, when running sequences need pages, and then recomputed on resume), or ended
+/// otherwise. An aborted request ends its sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceControl {
+    /// The sequence.
+    pub key: SequenceKey,
+    /// Keep the sequence for a later request when this one finishes.
+    pub park: bool,
 }
 
 impl GenerateRequest {
@@ -49,6 +72,7 @@ impl GenerateRequest {
             max_tokens: Some(max_tokens),
             logprobs: None,
             ignore_eos: false,
+            sequence: None,
         }
     }
 }
@@ -159,6 +183,11 @@ pub enum Refusal {
     /// A sampling parameter out of range.
     #[error(transparent)]
     Sampling(#[from] crate::sampling::InvalidSamplingParam),
+    /// A request for a sequence that another request is still running.
+    #[error(
+        "sequence {key} refused: a request for it is still running; send the next request after that one finishes"
+    )]
+    SequenceBusy { key: SequenceKey },
     /// `logprobs` past the vocabulary.
     #[error("logprobs {asked} refused: at most {vocab_size} (the vocabulary size)")]
     TooManyLogprobs { asked: usize, vocab_size: usize },

@@ -1,4 +1,7 @@
-//! Continuous batching: which sequences run in the next step, on which entry, with which inputs.
+//! Continuous batching: which sequences run in the next step, on which entry — the queue,
+//! admission, preemption, and taking a step's output. Input arrays are laid out by
+//! [`crate::layout`], the decode bucket is chosen by [`crate::bucket`], stops are decided by
+//! [`crate::stop`]; requests arrive validated ([`crate::request`]).
 //!
 //! Every sequence is a token list and a count of tokens whose K/V is already in the pools
 //! (`computed`). A step processes, for each of its rows, the tokens from `computed` on; when a
@@ -6,41 +9,39 @@
 //! thus prefilled in chunks of the ladder's prefill sizes (each chunk continuing the earlier
 //! one: positions and slots go on from `computed`), and a sequence with exactly one token left
 //! is decoded. Preemption by recompute is then only `computed = 0`: the generated tokens are
-//! already in the list, so the sequence is prefilled again over prompt + output.
+//! already in the list, so the sequence is prefilled again over prompt + output. A parked
+//! sequence ([`crate::request::SequenceControl`]) is one kept, pages and all, between requests;
+//! evicting it is the same `computed = 0`.
 //!
 //! Policy: steps alternate between one prefill step (the oldest sequences with prompt tokens
 //! left, as many as the largest prefill batch holds) and one decode step (every decoding
 //! sequence in one call, on the smallest context bucket that holds the longest row), so that a
-//! stream of new prompts cannot starve running decodes. The decode batch bucket is the smallest
-//! that fits or the next one up, whichever was measured faster (the smallest runs
-//! [`DECODE_STEPS_BEFORE_TRYING`] steps first, then the next is tried for two steps, the first
-//! one's time left out): a plugin can compile a one-row step worse than a two- or
-//! eight-row one (XLA CPU runs one-row matmuls as single-threaded loops; measured 95 ms/step at
-//! batch 1 against 47 ms at batch 2 for SmolLM2 on the lammps plugin, the other way round on
-//! xla-cpu-pjrt).
-//! A waiting sequence is admitted when the pages its tokens need are free (counting what
-//! admitted, not yet prefilled sequences still need) and the running set is under the largest
-//! decode batch. When a sequence needs a page and none is free, the youngest running sequence
-//! is preempted: its pages freed at once, itself put back at the head of the queue.
+//! stream of new prompts cannot starve running decodes. A waiting sequence is admitted when the
+//! pages its tokens need are free (counting what admitted, not yet prefilled sequences still
+//! need, and the pages parked sequences can give back) and the running set is under the largest
+//! decode batch. When a sequence needs a page and none is free, the oldest parked sequence is
+//! evicted, else the youngest running sequence is preempted: its pages freed at once, itself
+//! put back at the head of the queue.
 //!
-//! Row layout inside a prefill step: a row's real tokens are left-aligned; padding tokens after
-//! them have token 0, position 0 and slot -1. A row's `seqLens` is its context length after the
-//! step (the last real token's position + 1), so its last real token sits at index
-//! `seqLens[b] - 1 - positions[b, 0]`. Rows past the live ones follow the padding contract:
-//! tokenIds 0, positions 0, blockTables 0, seqLens 1, slotMapping -1.
+//! Sequences live in slots; the running set, the queue, the parked set and every step's rows
+//! name slots, so nothing is found by scanning request ids (only an abort, which arrives by id,
+//! goes through the id index).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
 use crate::block_manager::{BlockManager, BlockPoolError, PageId};
+use crate::bucket::DecodeBuckets;
 use crate::executor::{Ladder, LadderPoint, ModelShape, StepInputs, StepOutput};
+use crate::layout::{self, ChainRow, RowInput};
 use crate::request::{
-    Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, StopParams,
-    TokenUpdate, Usage, ValidatedRequest,
+    Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceKey,
+    StopParams, TokenUpdate, Usage, ValidatedRequest,
 };
 use crate::sampling::{Sampled, Sampler};
+use crate::stop::StopRule;
 pub use tlaloc_artifact::LadderError;
 
 /// The model's shape cannot be scheduled.
@@ -64,67 +65,13 @@ pub struct Unschedulable {
     pub ended: Vec<(RequestId, Finish)>,
 }
 
-#[derive(Debug)]
-struct Sequence {
-    id: RequestId,
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    computed: usize,
-    pages: Vec<PageId>,
-    sampler: Sampler,
-    stop: StopParams,
-    ignore_eos: bool,
-    max_tokens: usize,
-    logprobs: Option<usize>,
-    arrived: Instant,
-    first_scheduled: Option<Instant>,
-    first_token: Option<Instant>,
-    preemptions: u32,
-}
-
-impl Sequence {
-    fn output_len(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
-    fn remaining(&self) -> usize {
-        self.tokens.len() - self.computed
-    }
-
-    /// Tokens it may still generate.
-    fn budget_left(&self) -> usize {
-        self.max_tokens.saturating_sub(self.output_len())
-    }
-
-    /// The pool slot of the token at `pos`: its page's first slot plus the offset in the page.
-    fn slot(&self, pos: usize, block_size: usize) -> i32 {
-        let page = self.pages[pos / block_size] as usize;
-        (page * block_size + pos % block_size) as i32
-    }
-
-    fn finish(&self, reason: FinishReason) -> Finish {
-        let now = Instant::now();
-        Finish {
-            reason,
-            usage: Usage {
-                prompt_tokens: self.prompt_len,
-                completion_tokens: self.output_len(),
-            },
-            timings: RequestTimings {
-                queued: self.first_scheduled.unwrap_or(now) - self.arrived,
-                time_to_first_token: self.first_token.map(|t| t - self.arrived),
-                total: now - self.arrived,
-                preemptions: self.preemptions,
-            },
-        }
-    }
-}
-
 /// One row of a scheduled step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowPlan {
     /// The request in this row.
     pub id: RequestId,
+    /// Where its sequence lives.
+    slot: Slot,
     /// Tokens the row processes.
     pub tokens: usize,
     /// Whether the row's output is a new token (the row reaches the end of its list).
@@ -165,6 +112,8 @@ pub struct SchedulerCounts {
     pub running: usize,
     /// Sequences in the queue.
     pub waiting: usize,
+    /// Sequences parked between requests.
+    pub parked: usize,
     /// K/V pages held.
     pub pages_used: usize,
     /// K/V pages that can be held (all but the scratch page).
@@ -173,51 +122,118 @@ pub struct SchedulerCounts {
     pub preemptions: u64,
 }
 
-/// The continuous-batching scheduler: queue, running set, page pool, sampling of outputs.
+/// Where a sequence lives in the scheduler's slot table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Slot(usize);
+
+#[derive(Debug)]
+struct Sequence {
+    id: RequestId,
+    tokens: Vec<u32>,
+    /// Tokens before this request's output: a continued sequence's history, then the prompt.
+    prompt_len: usize,
+    /// This request's prompt as submitted (what its usage reports).
+    submitted_prompt: usize,
+    computed: usize,
+    pages: Vec<PageId>,
+    /// Whether it is in the running set (else it waits in the queue).
+    running: bool,
+    sampler: Sampler,
+    stop: StopParams,
+    ignore_eos: bool,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+    /// The longer-lived sequence it belongs to, and whether to park it at the end.
+    parks_as: Option<(SequenceKey, bool)>,
+    arrived: Instant,
+    first_scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    preemptions: u32,
+}
+
+impl Sequence {
+    fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn remaining(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Tokens it may still generate.
+    fn budget_left(&self) -> usize {
+        self.max_tokens.saturating_sub(self.output_len())
+    }
+
+    fn finish(&self, reason: FinishReason) -> Finish {
+        let now = Instant::now();
+        Finish {
+            reason,
+            usage: Usage {
+                prompt_tokens: self.submitted_prompt,
+                completion_tokens: self.output_len(),
+            },
+            timings: RequestTimings {
+                queued: self.first_scheduled.unwrap_or(now) - self.arrived,
+                time_to_first_token: self.first_token.map(|t| t - self.arrived),
+                total: now - self.arrived,
+                preemptions: self.preemptions,
+            },
+        }
+    }
+}
+
+/// A sequence kept between requests: its tokens, and the pages holding the K/V of the first
+/// `computed` of them (none once evicted).
+#[derive(Debug)]
+struct Parked {
+    tokens: Vec<u32>,
+    computed: usize,
+    pages: Vec<PageId>,
+}
+
+/// The continuous-batching scheduler: queue, running set, parked sequences, page pool, sampling
+/// of outputs.
 #[derive(Debug)]
 pub struct Scheduler {
     shape: ModelShape,
-    ladder: Ladder,
     pool: BlockManager,
-    vocab_size: usize,
-    eos_token_ids: Vec<u32>,
-    waiting: VecDeque<Sequence>,
-    running: Vec<Sequence>,
+    slots: Vec<Option<Sequence>>,
+    free_slots: Vec<usize>,
+    by_id: HashMap<RequestId, Slot>,
+    waiting: VecDeque<Slot>,
+    /// In admission order: the last is the youngest, preempted first.
+    running: Vec<Slot>,
+    parked: HashMap<SequenceKey, Parked>,
+    /// Parked keys, oldest first: the order of eviction.
+    parked_order: VecDeque<SequenceKey>,
+    /// Keys of sequences a live request is using.
+    busy: HashSet<SequenceKey>,
     last_was_prefill: bool,
     preemptions: u64,
     max_decode_chain: usize,
-    /// Per decode entry: steps observed, and the wall time of one step (an exponential average
-    /// that leaves out the first step, which can carry one-time work of a first execution).
-    decode_costs: HashMap<LadderPoint, (u32, Duration)>,
-    explore_decode: bool,
+    buckets: DecodeBuckets,
 }
-
-/// How many decode batch buckets, from the smallest that holds the rows up, are tried (each for
-/// two steps) before the fastest measured is used. Two: the next bucket up is the one a plugin
-/// most often compiles better (a one-row matmul as a matrix-vector loop, two rows as a
-/// multithreaded GEMM), and every bucket tried costs its first execution (0.4-0.6 s on a CPU).
-pub const DECODE_BUCKETS_TRIED: usize = 2;
-
-/// Decode steps the smallest bucket runs before a larger one is tried.
-pub const DECODE_STEPS_BEFORE_TRYING: u32 = 16;
 
 impl Scheduler {
     /// A scheduler over a model's ladder and pool.
     pub fn new(shape: &ModelShape) -> Result<Self, ShapeError> {
         shape.ladder.validate()?;
         Ok(Self {
-            shape: shape.clone(),
-            ladder: shape.ladder.clone(),
             pool: BlockManager::new(shape.num_blocks, shape.block_size)?,
-            vocab_size: shape.vocab_size,
-            eos_token_ids: shape.eos_token_ids.clone(),
+            shape: shape.clone(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            by_id: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            parked: HashMap::new(),
+            parked_order: VecDeque::new(),
+            busy: HashSet::new(),
             last_was_prefill: false,
             preemptions: 0,
             max_decode_chain: 1,
-            decode_costs: HashMap::new(),
-            explore_decode: true,
+            buckets: DecodeBuckets::default(),
         })
     }
 
@@ -230,111 +246,161 @@ impl Scheduler {
     /// Whether decode may try batch buckets larger than the smallest that fits (on by default;
     /// the engine turns it off when trying one would compile it first).
     pub fn set_decode_exploration(&mut self, on: bool) {
-        self.explore_decode = on;
+        self.buckets.set_exploration(on);
     }
 
     /// Records the wall time of one step of the decode entry `entry`.
     pub fn observe_decode_cost(&mut self, entry: LadderPoint, per_step: Duration) {
-        let (seen, cost) = self.decode_costs.entry(entry).or_insert((0, per_step));
-        *cost = match *seen {
-            0 | 1 => per_step,
-            _ => (*cost * 3 + per_step) / 4,
-        };
-        *seen = seen.saturating_add(1);
+        self.buckets.observe(entry, per_step);
     }
 
-    /// The decode entry for `rows` rows and `context` tokens: among the smallest batch bucket
-    /// that holds the rows and the next [`DECODE_BUCKETS_TRIED`]` - 1` up, all at the smallest
-    /// context bucket that fits: the smallest until it has run [`DECODE_STEPS_BEFORE_TRYING`]
-    /// steps, then the first not yet measured (two steps: the first is left out), else the
-    /// fastest.
+    /// The decode entry for `rows` rows and `context` tokens, by measurement
+    /// ([`DecodeBuckets::choose`]).
     pub fn decode_entry(&self, rows: usize, context: usize) -> Result<LadderPoint, LadderError> {
-        let smallest = self.ladder.decode_entry(rows, context)?;
-        if !self.explore_decode {
-            return Ok(smallest);
-        }
-        let seen = |e: &LadderPoint| self.decode_costs.get(e).map_or(0, |&(seen, _)| seen);
-        // The smallest runs a while first, so that a short generation never pays for trying
-        // another bucket.
-        if seen(&smallest) < DECODE_STEPS_BEFORE_TRYING {
-            return Ok(smallest);
-        }
-        let candidates: Vec<LadderPoint> = self
-            .ladder
-            .decode_points_from(smallest)
-            .take(DECODE_BUCKETS_TRIED)
-            .collect();
-        let measured = |e: &LadderPoint| match self.decode_costs.get(e) {
-            Some(&(seen, cost)) if seen >= 2 => Some(cost),
-            _ => None,
-        };
-        if let Some(unmeasured) = candidates.iter().find(|e| measured(e).is_none()) {
-            return Ok(*unmeasured);
-        }
-        Ok(candidates
-            .into_iter()
-            .min_by_key(|e| (measured(e), e.batch))
-            .unwrap_or(smallest))
+        self.buckets.choose(&self.shape.ladder, rows, context)
     }
 
     /// The ladder.
     pub fn ladder(&self) -> &Ladder {
-        &self.ladder
+        &self.shape.ladder
     }
 
     /// Validates a request against this scheduler's model and queues it.
     pub fn add(&mut self, id: RequestId, request: GenerateRequest) -> Result<(), Refusal> {
         let request = request.validate(&self.shape)?;
-        self.add_arrived(id, request, Instant::now());
-        Ok(())
+        self.add_arrived(id, request, Instant::now())
     }
 
-    /// Queues a validated request that arrived at `arrived` (for accurate queue timings).
-    pub fn add_arrived(&mut self, id: RequestId, request: ValidatedRequest, arrived: Instant) {
-        let (request, max_tokens) = request.into_parts();
-        let sampler = Sampler::new(request.sampling, &request.prompt_ids);
-        self.waiting.push_back(Sequence {
-            id,
-            prompt_len: request.prompt_ids.len(),
-            tokens: request.prompt_ids,
+    /// Queues a validated request that arrived at `arrived` (for accurate queue timings). A
+    /// request that continues a parked sequence is checked here once more, against the
+    /// sequence's length (refused, the sequence left parked as it was, if the whole no longer
+    /// fits the top context bucket).
+    pub fn add_arrived(
+        &mut self,
+        id: RequestId,
+        request: ValidatedRequest,
+        arrived: Instant,
+    ) -> Result<(), Refusal> {
+        let (request, mut max_tokens) = request.into_parts();
+        let mut history = Parked {
+            tokens: Vec::new(),
             computed: 0,
             pages: Vec::new(),
+        };
+        if let Some(control) = request.sequence {
+            if self.busy.contains(&control.key) {
+                return Err(Refusal::SequenceBusy { key: control.key });
+            }
+            if let Some(parked) = self.unpark(control.key) {
+                match self.budget_after(&parked, &request) {
+                    Ok(budget) => {
+                        max_tokens = budget;
+                        history = parked;
+                    }
+                    Err(refusal) => {
+                        self.park(control.key, parked);
+                        return Err(refusal);
+                    }
+                }
+            }
+            self.busy.insert(control.key);
+        }
+        let mut tokens = history.tokens;
+        tokens.extend_from_slice(&request.prompt_ids);
+        let sampler = Sampler::new(request.sampling, &tokens);
+        let slot = self.insert(Sequence {
+            id,
+            prompt_len: tokens.len(),
+            submitted_prompt: request.prompt_ids.len(),
+            tokens,
+            computed: history.computed,
+            pages: history.pages,
+            running: false,
             sampler,
             stop: request.stop,
             ignore_eos: request.ignore_eos,
             max_tokens,
             logprobs: request.logprobs,
+            parks_as: request.sequence.map(|c| (c.key, c.park)),
             arrived,
             first_scheduled: None,
             first_token: None,
             preemptions: 0,
         });
+        self.waiting.push_back(slot);
+        Ok(())
     }
 
-    /// Ends a request wherever it is, freeing its pages at once; `None` if it is not here.
+    /// The token budget of `request` continuing `parked`, or the refusal if the whole does not
+    /// fit the top context bucket or the pool.
+    fn budget_after(&self, parked: &Parked, request: &GenerateRequest) -> Result<usize, Refusal> {
+        let max_context = self.shape.ladder.max_context();
+        let total = parked.tokens.len() + request.prompt_ids.len();
+        let budget = request
+            .max_tokens
+            .unwrap_or_else(|| max_context.saturating_sub(total).max(1));
+        let needed = total.saturating_add(budget);
+        if needed > max_context {
+            return Err(Refusal::ContextTooLong {
+                prompt_tokens: total,
+                max_tokens: budget,
+                needed,
+                max_context,
+            });
+        }
+        let pages = needed.div_ceil(self.pool.block_size());
+        if pages > self.pool.allocatable() {
+            return Err(Refusal::PoolTooSmall {
+                needed,
+                pages,
+                allocatable: self.pool.allocatable(),
+            });
+        }
+        Ok(budget)
+    }
+
+    /// Ends a request wherever it is, freeing its pages at once (an aborted request ends its
+    /// sequence too); `None` if it is not here.
     pub fn abort(&mut self, id: RequestId) -> Option<Finish> {
-        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
-            self.running.remove(i)
-        } else {
-            let i = self.waiting.iter().position(|s| s.id == id)?;
-            self.waiting.remove(i).expect("index found above")
-        };
-        Some(self.retire(seq, FinishReason::Abort))
+        let slot = *self.by_id.get(&id)?;
+        self.running.retain(|&s| s != slot);
+        self.waiting.retain(|&s| s != slot);
+        Some(self.retire(slot, FinishReason::Abort))
     }
 
-    /// Ends every request (after a failed step), freeing all pages.
+    /// Ends every request (after a failed step), freeing all pages; parked sequences are dropped
+    /// too (the pools' contents are unknown after a failed step).
     pub fn abort_all(&mut self) -> Vec<(RequestId, Finish)> {
-        let all: Vec<Sequence> = self
+        let all: Vec<Slot> = self
             .running
             .drain(..)
             .chain(self.waiting.drain(..))
             .collect();
-        all.into_iter()
-            .map(|seq| (seq.id, self.retire(seq, FinishReason::Abort)))
-            .collect()
+        let ended = all
+            .into_iter()
+            .map(|slot| {
+                let id = self.seq(slot).id;
+                (id, self.retire(slot, FinishReason::Abort))
+            })
+            .collect();
+        for key in std::mem::take(&mut self.parked_order) {
+            self.release(key);
+        }
+        ended
     }
 
-    /// Whether anything is queued or running.
+    /// Ends the sequence parked under `key`, freeing its pages; `false` if none is parked there.
+    pub fn release(&mut self, key: SequenceKey) -> bool {
+        match self.unpark(key) {
+            Some(mut parked) => {
+                self.pool.release(&mut parked.pages);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether anything is queued or running (parked sequences are not work).
     pub fn has_work(&self) -> bool {
         !self.running.is_empty() || !self.waiting.is_empty()
     }
@@ -344,6 +410,7 @@ impl Scheduler {
         SchedulerCounts {
             running: self.running.len(),
             waiting: self.waiting.len(),
+            parked: self.parked.len(),
             pages_used: self.pool.used(),
             pages_total: self.pool.allocatable(),
             preemptions: self.preemptions,
@@ -354,8 +421,8 @@ impl Scheduler {
     /// ladder cannot hold ends the sequences concerned (returned with the error).
     pub fn schedule(&mut self) -> Result<Option<ScheduledStep>, Unschedulable> {
         self.admit();
-        let has_prefill = self.running.iter().any(|s| s.remaining() > 1);
-        let has_decode = self.running.iter().any(|s| s.remaining() == 1);
+        let has_prefill = self.running.iter().any(|&s| self.seq(s).remaining() > 1);
+        let has_decode = self.running.iter().any(|&s| self.seq(s).remaining() == 1);
         let step = if has_prefill && (!self.last_was_prefill || !has_decode) {
             self.last_was_prefill = true;
             self.schedule_prefill()
@@ -375,54 +442,133 @@ impl Scheduler {
             Ok(Some(step)) => {
                 let now = Instant::now();
                 for row in &step.rows {
-                    if let Some(seq) = self.running.iter_mut().find(|s| s.id == row.id) {
-                        seq.first_scheduled.get_or_insert(now);
-                    }
+                    self.seq_mut(row.slot).first_scheduled.get_or_insert(now);
                 }
                 Ok(Some(step))
             }
             // Everything the step wanted was preempted; the queue will try again.
             Ok(None) => Ok(None),
-            Err((err, ids)) => {
-                let ended = ids
+            Err((err, slots)) => {
+                let ended = slots
                     .into_iter()
-                    .filter_map(|id| self.abort(id).map(|f| (id, f)))
+                    .map(|slot| {
+                        let id = self.seq(slot).id;
+                        self.running.retain(|&s| s != slot);
+                        self.waiting.retain(|&s| s != slot);
+                        (id, self.retire(slot, FinishReason::Abort))
+                    })
                     .collect();
                 Err(Unschedulable { error: err, ended })
             }
         }
     }
 
+    fn seq(&self, slot: Slot) -> &Sequence {
+        self.slots[slot.0].as_ref().expect("a live slot")
+    }
+
+    fn seq_mut(&mut self, slot: Slot) -> &mut Sequence {
+        self.slots[slot.0].as_mut().expect("a live slot")
+    }
+
+    fn is_running(&self, slot: Slot) -> bool {
+        self.slots[slot.0].as_ref().is_some_and(|s| s.running)
+    }
+
+    fn insert(&mut self, seq: Sequence) -> Slot {
+        let id = seq.id;
+        let slot = match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i] = Some(seq);
+                Slot(i)
+            }
+            None => {
+                self.slots.push(Some(seq));
+                Slot(self.slots.len() - 1)
+            }
+        };
+        self.by_id.insert(id, slot);
+        slot
+    }
+
+    /// Takes the sequence out of its slot (already out of the running set and the queue).
+    fn take(&mut self, slot: Slot) -> Sequence {
+        let seq = self.slots[slot.0].take().expect("a live slot");
+        self.free_slots.push(slot.0);
+        self.by_id.remove(&seq.id);
+        if let Some((key, _)) = seq.parks_as {
+            self.busy.remove(&key);
+        }
+        seq
+    }
+
+    fn park(&mut self, key: SequenceKey, parked: Parked) {
+        self.parked.insert(key, parked);
+        self.parked_order.push_back(key);
+    }
+
+    fn unpark(&mut self, key: SequenceKey) -> Option<Parked> {
+        let parked = self.parked.remove(&key)?;
+        self.parked_order.retain(|&k| k != key);
+        Some(parked)
+    }
+
+    /// Frees the pages of the oldest parked sequence that holds any (it stays parked and is
+    /// recomputed on resume); `false` if no parked sequence holds pages.
+    fn evict_oldest_parked(&mut self) -> bool {
+        let Some(&key) = self
+            .parked_order
+            .iter()
+            .find(|k| self.parked.get(k).is_some_and(|p| !p.pages.is_empty()))
+        else {
+            return false;
+        };
+        let parked = self.parked.get_mut(&key).expect("listed");
+        self.pool.release(&mut parked.pages);
+        parked.computed = 0;
+        tracing::debug!(key, "parked sequence evicted for recompute");
+        true
+    }
+
     fn admit(&mut self) {
         let outstanding: usize = self
             .running
             .iter()
-            .map(|s| {
+            .map(|&s| {
+                let seq = self.seq(s);
                 self.pool
-                    .pages_for(s.tokens.len())
-                    .saturating_sub(s.pages.len())
+                    .pages_for(seq.tokens.len())
+                    .saturating_sub(seq.pages.len())
             })
             .sum();
-        let mut free = self.pool.free_count().saturating_sub(outstanding);
-        while self.running.len() < self.ladder.max_decode_batch() {
-            let Some(next) = self.waiting.front() else {
+        let parked_pages: usize = self.parked.values().map(|p| p.pages.len()).sum();
+        let mut free = (self.pool.free_count() + parked_pages).saturating_sub(outstanding);
+        while self.running.len() < self.shape.ladder.max_decode_batch() {
+            let Some(&next) = self.waiting.front() else {
                 break;
             };
-            let need = self.pool.pages_for(next.tokens.len());
+            let seq = self.seq(next);
+            let need = self
+                .pool
+                .pages_for(seq.tokens.len())
+                .saturating_sub(seq.pages.len());
             if need > free {
                 break;
             }
             free -= need;
-            let seq = self.waiting.pop_front().expect("front checked");
-            self.running.push(seq);
+            self.waiting.pop_front();
+            self.seq_mut(next).running = true;
+            self.running.push(next);
         }
     }
 
-    /// Frees the youngest running sequence's pages and queues it first; returns its id.
-    fn preempt_youngest(&mut self) -> Option<RequestId> {
-        let mut seq = self.running.pop()?;
+    /// Frees the youngest running sequence's pages and queues it first; returns its slot.
+    fn preempt_youngest(&mut self) -> Option<Slot> {
+        let slot = self.running.pop()?;
+        let seq = self.slots[slot.0].as_mut().expect("a live slot");
         self.pool.release(&mut seq.pages);
         seq.computed = 0;
+        seq.running = false;
         seq.preemptions += 1;
         self.preemptions += 1;
         tracing::debug!(
@@ -430,25 +576,23 @@ impl Scheduler {
             tokens = seq.tokens.len(),
             "preempted for recompute"
         );
-        let id = seq.id;
-        self.waiting.push_front(seq);
-        Some(id)
+        self.waiting.push_front(slot);
+        Some(slot)
     }
 
-    /// Grows the pages of running sequence `id` to hold `tokens`, preempting the youngest
-    /// others as needed; `false` if `id` itself had to be preempted.
-    fn reserve(&mut self, id: RequestId, tokens: usize) -> bool {
+    /// Grows the pages of running sequence `slot` to hold `tokens`, evicting parked sequences
+    /// and then preempting the youngest others as needed; `false` if `slot` itself had to be
+    /// preempted.
+    fn reserve(&mut self, slot: Slot, tokens: usize) -> bool {
         loop {
-            let i = self
-                .running
-                .iter()
-                .position(|s| s.id == id)
-                .expect("running");
-            let seq = &mut self.running[i];
+            let seq = self.slots[slot.0].as_mut().expect("a live slot");
             if self.pool.grow_to(&mut seq.pages, tokens) {
                 return true;
             }
-            if self.preempt_youngest() == Some(id) {
+            if self.evict_oldest_parked() {
+                continue;
+            }
+            if self.preempt_youngest() == Some(slot) {
                 return false;
             }
         }
@@ -457,31 +601,31 @@ impl Scheduler {
     fn schedule_decode(
         &mut self,
         chain_limit: usize,
-    ) -> Result<Option<ScheduledStep>, (LadderError, Vec<RequestId>)> {
-        let candidates: Vec<RequestId> = self
+    ) -> Result<Option<ScheduledStep>, (LadderError, Vec<Slot>)> {
+        let candidates: Vec<Slot> = self
             .running
             .iter()
-            .filter(|s| s.remaining() == 1)
-            .map(|s| s.id)
-            .take(self.ladder.max_decode_batch())
+            .copied()
+            .filter(|&s| self.seq(s).remaining() == 1)
+            .take(self.shape.ladder.max_decode_batch())
             .collect();
         let mut rows = Vec::new();
-        for id in candidates {
-            let Some(seq) = self.running.iter().find(|s| s.id == id) else {
+        for slot in candidates {
+            if !self.is_running(slot) {
                 continue; // preempted to make room for an older one
-            };
-            let len = seq.tokens.len();
-            if self.reserve(id, len) {
-                rows.push(id);
+            }
+            let len = self.seq(slot).tokens.len();
+            if self.reserve(slot, len) {
+                rows.push(slot);
             }
         }
-        rows.retain(|id| self.running.iter().any(|s| s.id == *id));
+        rows.retain(|&s| self.is_running(s));
         if rows.is_empty() {
             return Ok(None);
         }
         let context = rows
             .iter()
-            .map(|id| self.seq(*id).tokens.len())
+            .map(|&s| self.seq(s).tokens.len())
             .max()
             .expect("non-empty");
         let entry = self
@@ -490,8 +634,9 @@ impl Scheduler {
         let chain = self.chain_length(&rows, entry, chain_limit);
         let plans: Vec<RowPlan> = rows
             .iter()
-            .map(|&id| RowPlan {
-                id,
+            .map(|&slot| RowPlan {
+                id: self.seq(slot).id,
+                slot,
                 tokens: 1,
                 emits: true,
             })
@@ -502,25 +647,24 @@ impl Scheduler {
     }
 
     /// How many decode steps (at most `limit`) the rows can run back to back (1 = no chain):
-    /// every row must take
-    /// the in-graph argmax without logprobs (its next token is then known on the device), the
-    /// chain stays inside the entry's context bucket, runs no longer than the longest row's
-    /// remaining token budget, and takes its extra pages from free pages only (a chain never
-    /// preempts anyone).
-    fn chain_length(&mut self, rows: &[RequestId], entry: LadderPoint, limit: usize) -> usize {
+    /// every row must take the in-graph argmax without logprobs (its next token is then known
+    /// on the device), the chain stays inside the entry's context bucket, runs no longer than
+    /// the longest row's remaining token budget, and takes its extra pages from free pages
+    /// only (a chain never preempts anyone, nor evicts a parked sequence).
+    fn chain_length(&mut self, rows: &[Slot], entry: LadderPoint, limit: usize) -> usize {
         if limit <= 1 {
             return 1;
         }
-        let greedy = rows.iter().all(|id| {
-            let s = self.seq(*id);
+        let greedy = rows.iter().all(|&s| {
+            let s = self.seq(s);
             s.sampler.params().uses_in_graph_argmax() && s.logprobs.is_none()
         });
         if !greedy {
             return 1;
         }
         let budget = |s: &Sequence| s.budget_left().max(1);
-        let longest = rows.iter().map(|id| budget(self.seq(*id))).max();
-        let max_len = rows.iter().map(|id| self.seq(*id).tokens.len()).max();
+        let longest = rows.iter().map(|&s| budget(self.seq(s))).max();
+        let max_len = rows.iter().map(|&s| self.seq(s).tokens.len()).max();
         let (Some(longest), Some(max_len)) = (longest, max_len) else {
             return 1;
         };
@@ -528,11 +672,8 @@ impl Scheduler {
             .min(longest)
             .min((entry.context + 1).saturating_sub(max_len))
             .max(1);
-        for id in rows {
-            let i = self.running.iter().position(|s| s.id == *id);
-            let Some(seq) = i.map(|i| &mut self.running[i]) else {
-                return 1;
-            };
+        for &slot in rows {
+            let seq = self.slots[slot.0].as_mut().expect("a live slot");
             let last = seq.tokens.len() - 1 + budget(seq).min(chain) - 1;
             if !self.pool.grow_to(&mut seq.pages, last + 1) {
                 return 1;
@@ -543,79 +684,77 @@ impl Scheduler {
 
     /// The inputs of the chained steps 1..`chain` after the decode step `step`.
     fn build_chain(&self, step: &ScheduledStep, chain: usize) -> Vec<StepInputs> {
-        let bs = self.pool.block_size();
-        let mut chained = Vec::with_capacity(chain.saturating_sub(1));
-        let mut inputs = step.inputs.clone();
-        for k in 1..chain {
-            for (r, plan) in step.rows.iter().enumerate() {
-                let seq = self.seq(plan.id);
-                inputs.token_ids[r] = 0;
-                if k >= seq.budget_left() {
-                    // Past this row's budget: compute, write nothing, drop the token.
-                    inputs.slot_mapping[r] = -1;
-                    continue;
+        let rows: Vec<ChainRow<'_>> = step
+            .rows
+            .iter()
+            .map(|plan| {
+                let seq = self.seq(plan.slot);
+                ChainRow {
+                    position: seq.tokens.len() - 1,
+                    budget: seq.budget_left(),
+                    pages: &seq.pages,
                 }
-                let pos = seq.tokens.len() - 1 + k;
-                inputs.positions[r] = pos as i32;
-                inputs.seq_lens[r] = (pos + 1) as i32;
-                inputs.slot_mapping[r] = seq.slot(pos, bs);
-            }
-            chained.push(inputs.clone());
-        }
-        chained
+            })
+            .collect();
+        layout::chain_steps(&step.inputs, &rows, chain, self.pool.block_size())
     }
 
-    fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (LadderError, Vec<RequestId>)> {
-        let mut ids: Vec<RequestId> = self
+    fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (LadderError, Vec<Slot>)> {
+        let mut slots: Vec<Slot> = self
             .running
             .iter()
-            .filter(|s| s.remaining() > 1)
-            .map(|s| s.id)
-            .take(self.ladder.max_prefill_batch())
+            .copied()
+            .filter(|&s| self.seq(s).remaining() > 1)
+            .take(self.shape.ladder.max_prefill_batch())
             .collect();
-        let first_remaining = self.seq(ids[0]).remaining();
-        let chunk = self.ladder.chunk_for(first_remaining);
+        let chunk = self.shape.ladder.chunk_for(self.seq(slots[0]).remaining());
         loop {
-            let context = ids
+            let context = slots
                 .iter()
-                .map(|id| {
-                    let s = self.seq(*id);
+                .map(|&s| {
+                    let s = self.seq(s);
                     s.computed + s.remaining().min(chunk)
                 })
                 .max()
                 .expect("non-empty");
-            match self.prefill_entry(ids.len(), chunk, context) {
+            match self.prefill_entry(slots.len(), chunk, context) {
                 Ok(_) => break,
-                Err(e) if ids.len() == 1 => return Err((e, ids)),
+                Err(e) if slots.len() == 1 => return Err((e, slots)),
                 Err(_) => {
-                    ids.pop();
+                    slots.pop();
                 }
             }
         }
         let mut plans = Vec::new();
-        for id in ids {
-            let Some(seq) = self.running.iter().find(|s| s.id == id) else {
+        for slot in slots {
+            if !self.is_running(slot) {
                 continue;
-            };
-            let tokens = seq.remaining().min(chunk);
+            }
+            let seq = self.seq(slot);
+            let (id, tokens) = (seq.id, seq.remaining().min(chunk));
             let end = seq.computed + tokens;
             let emits = end == seq.tokens.len();
-            if self.reserve(id, end) {
-                plans.push(RowPlan { id, tokens, emits });
+            if self.reserve(slot, end) {
+                plans.push(RowPlan {
+                    id,
+                    slot,
+                    tokens,
+                    emits,
+                });
             }
         }
-        plans.retain(|p| self.running.iter().any(|s| s.id == p.id));
+        plans.retain(|p| self.is_running(p.slot));
         if plans.is_empty() {
             return Ok(None);
         }
         let context = plans
             .iter()
-            .map(|p| self.seq(p.id).computed + p.tokens)
+            .map(|p| self.seq(p.slot).computed + p.tokens)
             .max()
             .expect("non-empty");
         let entry = self
             .prefill_entry(plans.len(), chunk, context)
-            .map_err(|e| (e, plans.iter().map(|p| p.id).collect()))?;
+            .map_err(|e| (e, plans.iter().map(|p| p.slot).collect()))?;
         Ok(Some(self.build(entry, plans)))
     }
 
@@ -628,44 +767,36 @@ impl Scheduler {
         chunk: usize,
         context: usize,
     ) -> Result<LadderPoint, LadderError> {
-        if rows > self.ladder.max_prefill_batch() {
+        let ladder = &self.shape.ladder;
+        if rows > ladder.max_prefill_batch() {
             return Err(LadderError::BatchTooLarge {
                 requested: rows,
-                max: self.ladder.max_prefill_batch(),
+                max: ladder.max_prefill_batch(),
             });
         }
         // A chunk's real tokens never outnumber the context they end at.
-        self.ladder.prefill_entry(chunk.min(context), context)
+        ladder.prefill_entry(chunk.min(context), context)
     }
 
-    fn seq(&self, id: RequestId) -> &Sequence {
-        self.running.iter().find(|s| s.id == id).expect("running")
-    }
-
-    /// Lays out the inputs of `entry` for `rows`; rows past them follow the padding contract.
+    /// Lays out the inputs of `entry` for `rows`; rows past them are dead.
     fn build(&self, entry: LadderPoint, rows: Vec<RowPlan>) -> ScheduledStep {
-        let t = entry.tokens;
-        let bs = self.pool.block_size();
-        let cols = self.ladder.blocks_per_sequence(entry.context);
-        let mut inputs = StepInputs::padded(entry, bs);
-        for (r, plan) in rows.iter().enumerate() {
-            let seq = self.seq(plan.id);
-            for (j, &page) in seq.pages.iter().take(cols).enumerate() {
-                inputs.block_tables[r * cols + j] = page as i32;
-            }
-            for k in 0..plan.tokens {
-                let pos = seq.computed + k;
-                inputs.token_ids[r * t + k] = seq.tokens[pos] as i32;
-                inputs.positions[r * t + k] = pos as i32;
-                inputs.slot_mapping[r * t + k] = seq.slot(pos, bs);
-            }
-            inputs.seq_lens[r] = (seq.computed + plan.tokens) as i32;
-            if plan.emits
-                && (!seq.sampler.params().uses_in_graph_argmax() || seq.logprobs.is_some())
-            {
-                inputs.want_logits = true;
-            }
-        }
+        let inputs: Vec<RowInput<'_>> = rows
+            .iter()
+            .map(|plan| {
+                let seq = self.seq(plan.slot);
+                RowInput {
+                    tokens: &seq.tokens[seq.computed..seq.computed + plan.tokens],
+                    start: seq.computed,
+                    pages: &seq.pages,
+                }
+            })
+            .collect();
+        let mut inputs = layout::lay_out(entry, self.pool.block_size(), &inputs)
+            .expect("the scheduler's rows fit the entry it chose for them");
+        inputs.want_logits = rows.iter().any(|plan| {
+            let seq = self.seq(plan.slot);
+            plan.emits && (!seq.sampler.params().uses_in_graph_argmax() || seq.logprobs.is_some())
+        });
         ScheduledStep {
             entry,
             inputs,
@@ -675,7 +806,7 @@ impl Scheduler {
     }
 
     /// Takes a step's output: advances every row, samples the new tokens, ends the sequences
-    /// that stop (freeing their pages) and returns one update per new token.
+    /// that stop (freeing their pages, or parking them) and returns one update per new token.
     pub fn complete(
         &mut self,
         step: &ScheduledStep,
@@ -685,6 +816,7 @@ impl Scheduler {
             entry: step.entry,
             what,
         };
+        let vocab = self.shape.vocab_size;
         if output.next_tokens.len() < step.rows.len() {
             return Err(malformed(format!(
                 "{} next tokens for {} rows",
@@ -693,13 +825,13 @@ impl Scheduler {
             )));
         }
         let logits = match (&output.logits, step.inputs.want_logits) {
-            (Some(l), true) if l.len() == step.entry.batch * self.vocab_size => Some(l.as_slice()),
+            (Some(l), true) if l.len() == step.entry.batch * vocab => Some(l.as_slice()),
             (Some(l), true) => {
                 return Err(malformed(format!(
                     "{} logits, expected {} rows x {} vocab",
                     l.len(),
                     step.entry.batch,
-                    self.vocab_size
+                    vocab
                 )));
             }
             (None, true) => return Err(malformed("logits asked for but not returned".into())),
@@ -709,11 +841,13 @@ impl Scheduler {
         let mut updates = Vec::new();
         let mut ended = Vec::new();
         for (r, plan) in step.rows.iter().enumerate() {
-            let Some(i) = self.running.iter().position(|s| s.id == plan.id) else {
+            // A row whose sequence ended since the step was scheduled has nothing to advance.
+            let Some(seq) = self.slots[plan.slot.0]
+                .as_mut()
+                .filter(|s| s.id == plan.id && s.running)
+            else {
                 continue;
             };
-            let vocab = self.vocab_size;
-            let seq = &mut self.running[i];
             seq.computed += plan.tokens;
             if !plan.emits {
                 continue;
@@ -743,18 +877,14 @@ impl Scheduler {
             seq.tokens.push(sampled.token);
             seq.sampler.observe(sampled.token);
             seq.first_token.get_or_insert(now);
-            let token = sampled.token;
-            let reason = if seq.stop.stop_token_ids.contains(&token)
-                || (!seq.ignore_eos && self.eos_token_ids.contains(&token))
-            {
-                Some(FinishReason::Stop)
-            } else if seq.output_len() >= seq.max_tokens {
-                Some(FinishReason::Length)
-            } else {
-                None
+            let rule = StopRule {
+                stop: &seq.stop,
+                eos_token_ids: &self.shape.eos_token_ids,
+                ignore_eos: seq.ignore_eos,
+                max_tokens: seq.max_tokens,
             };
-            if let Some(reason) = reason {
-                ended.push((updates.len(), plan.id, reason));
+            if let Some(reason) = rule.after(sampled.token, seq.output_len()) {
+                ended.push((updates.len(), plan.slot, reason));
             }
             updates.push(TokenUpdate {
                 id: plan.id,
@@ -762,20 +892,29 @@ impl Scheduler {
                 finish: None,
             });
         }
-        for (u, id, reason) in ended {
-            let i = self
-                .running
-                .iter()
-                .position(|s| s.id == id)
-                .expect("running");
-            let seq = self.running.remove(i);
-            updates[u].finish = Some(self.retire(seq, reason));
+        for (u, slot, reason) in ended {
+            self.running.retain(|&s| s != slot);
+            updates[u].finish = Some(self.retire(slot, reason));
         }
         Ok(updates)
     }
 
-    fn retire(&mut self, mut seq: Sequence, reason: FinishReason) -> Finish {
-        self.pool.release(&mut seq.pages);
-        seq.finish(reason)
+    /// Ends the sequence in `slot` (already out of the running set and the queue): parks it
+    /// when its request asked to and did not abort, else frees its pages.
+    fn retire(&mut self, slot: Slot, reason: FinishReason) -> Finish {
+        let mut seq = self.take(slot);
+        let finish = seq.finish(reason);
+        match seq.parks_as {
+            Some((key, true)) if reason != FinishReason::Abort => self.park(
+                key,
+                Parked {
+                    tokens: seq.tokens,
+                    computed: seq.computed,
+                    pages: seq.pages,
+                },
+            ),
+            _ => self.pool.release(&mut seq.pages),
+        }
+        finish
     }
 }

@@ -97,7 +97,9 @@ pub fn engine_error(error: EngineError, prompt_field: &str, max_field: &str) -> 
     match error {
         EngineError::Refused(refusal) => {
             let param = match &refusal {
-                Refusal::EmptyPrompt | Refusal::TokenOutOfVocabulary { .. } => prompt_field,
+                Refusal::EmptyPrompt
+                | Refusal::TokenOutOfVocabulary { .. }
+                | Refusal::SequenceBusy { .. } => prompt_field,
                 Refusal::ContextTooLong { .. } | Refusal::PoolTooSmall { .. } => max_field,
                 Refusal::ZeroMaxTokens => max_field,
                 Refusal::Sampling(s) => s.field,

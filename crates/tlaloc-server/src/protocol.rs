@@ -407,6 +407,7 @@ impl CommonFields {
                 max_tokens,
                 logprobs,
                 ignore_eos: self.ignore_eos.unwrap_or(false),
+                sequence: None,
             },
             n,
             stop,

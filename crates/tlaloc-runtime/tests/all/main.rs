@@ -3,6 +3,8 @@
 mod engine_runs;
 mod fake;
 mod model_runs;
+mod parked;
 mod scheduler_steps;
+mod step_rows;
 mod streams;
 mod toy;

@@ -345,7 +345,7 @@ fn a_larger_decode_bucket_measured_faster_is_used_after_each_is_tried() {
     }
     // The smallest bucket runs 16 steps, then the next one up is tried for two (4, 8 and 16,
     // which would be faster still, never are); then the faster of the two.
-    let tried = tlaloc_runtime::scheduler::DECODE_STEPS_BEFORE_TRYING as usize;
+    let tried = tlaloc_runtime::bucket::DECODE_STEPS_BEFORE_TRYING as usize;
     assert_eq!(tried, 16);
     assert!(batches[..tried].iter().all(|&b| b == 1), "{batches:?}");
     assert_eq!(&batches[tried..tried + 2], &[2, 2], "{batches:?}");

@@ -264,6 +264,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         max_tokens: Some(args.max_new_tokens),
         logprobs: None,
         ignore_eos: args.ignore_eos,
+        sequence: None,
     };
 
     let compile = if args.eager_compile {
