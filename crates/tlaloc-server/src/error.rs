@@ -1,10 +1,67 @@
-//! The one error type of the HTTP API and its two renderings: an HTTP status with an
-//! OpenAI-style JSON body (`{"error": {"message", "type", "param", "code"}}`), and, once a stream
-//! has started and the status is already sent, an SSE `data:` event carrying the same body.
+//! The one error type of the HTTP API, its typed OpenAI-style body
+//! (`{"error": {"message", "type", "param", "code"}}`), and its two renderings: an HTTP status
+//! with that body, and, once a stream has started and the status is already sent, an SSE
+//! `data:` event carrying the same body.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response, sse::Event};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The OpenAI error `type`, chosen by the HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    /// 400, 413 and other client errors.
+    InvalidRequestError,
+    /// 401.
+    AuthenticationError,
+    /// 404.
+    NotFoundError,
+    /// 429.
+    RateLimitError,
+    /// 503.
+    ServiceUnavailableError,
+    /// 500 and other server errors.
+    ServerError,
+}
+
+/// A machine-readable error `code`, for the refusals a client may want to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The API key is missing or wrong.
+    InvalidApiKey,
+    /// The server holds all the sequences it may; retry later.
+    QueueFull,
+    /// The request names a model this server does not serve.
+    ModelNotFound,
+    /// Prompt plus token budget exceed the model's context.
+    ContextLengthExceeded,
+}
+
+/// The body of every error response (and of the error event of a stream).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorResponse {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// What an OpenAI client shows of an error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// What was refused and what would be accepted.
+    pub message: String,
+    /// The kind of error.
+    #[serde(rename = "type")]
+    pub kind: ErrorType,
+    /// The request field at fault (`null` when none is).
+    #[schema(required = true)]
+    pub param: Option<String>,
+    /// A machine-readable code (`null` when none applies).
+    #[schema(required = true)]
+    pub code: Option<ErrorCode>,
+}
 
 /// A request refused or failed, with everything an OpenAI client shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,7 +73,7 @@ pub struct ApiError {
     /// The request field at fault, when one is.
     pub param: Option<String>,
     /// A machine-readable code, when one applies.
-    pub code: Option<&'static str>,
+    pub code: Option<ErrorCode>,
     /// Seconds a client should wait before retrying (429 and 503).
     pub retry_after_s: Option<u64>,
 }
@@ -45,7 +102,7 @@ impl ApiError {
     }
 
     /// Sets the machine-readable code.
-    pub fn with_code(mut self, code: &'static str) -> Self {
+    pub fn with_code(mut self, code: ErrorCode) -> Self {
         self.code = Some(code);
         self
     }
@@ -56,7 +113,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED,
             "missing or wrong API key; send the key the server was started with as `Authorization: Bearer <key>`",
         )
-        .with_code("invalid_api_key")
+        .with_code(ErrorCode::InvalidApiKey)
     }
 
     /// 429 with `Retry-After`.
@@ -67,7 +124,7 @@ impl ApiError {
                 "the server already holds {limit} sequences (running plus --max-queue); retry later"
             ),
         )
-        .with_code("queue_full");
+        .with_code(ErrorCode::QueueFull);
         e.retry_after_s = Some(1);
         e
     }
@@ -85,33 +142,32 @@ impl ApiError {
     }
 
     /// The OpenAI error `type` for the status.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorType {
         match self.status {
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
-            StatusCode::SERVICE_UNAVAILABLE => "service_unavailable_error",
-            s if s.is_client_error() => "invalid_request_error",
-            _ => "server_error",
+            StatusCode::UNAUTHORIZED => ErrorType::AuthenticationError,
+            StatusCode::NOT_FOUND => ErrorType::NotFoundError,
+            StatusCode::TOO_MANY_REQUESTS => ErrorType::RateLimitError,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorType::ServiceUnavailableError,
+            s if s.is_client_error() => ErrorType::InvalidRequestError,
+            _ => ErrorType::ServerError,
         }
     }
 
     /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind(),
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+    pub fn body(&self) -> ErrorResponse {
+        ErrorResponse {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind(),
+                param: self.param.clone(),
+                code: self.code,
+            },
+        }
     }
 
     /// The rendering inside an event stream whose status is already sent.
     pub fn to_event(&self) -> Event {
-        Event::default().data(self.body().to_string())
+        crate::response::json_event(&self.body())
     }
 }
 

@@ -6,13 +6,14 @@
 use std::time::Instant;
 
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
-use tlaloc_runtime::{EngineError, EngineHandle, FinishReason, Refusal, RequestId, TokenEvent};
+use tlaloc_runtime::{EngineHandle, RequestId, TokenEvent};
 use tracing::Span;
 
 use crate::error::ApiError;
-use crate::protocol::Checked;
+use crate::response::FinishReason;
 use crate::state::{Admission, SharedState};
 use crate::text::{IncrementalDecoder, StopMatcher};
+use crate::validate::ValidatedGeneration;
 
 /// One token's log-probabilities.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,8 +35,27 @@ pub struct Piece {
     pub text: String,
     /// Log-probabilities of the tokens this piece consumed (when asked for).
     pub logprobs: Vec<TokenLogprob>,
-    /// Set on the choice's last piece: `stop`, `length` or `abort`.
-    pub finish: Option<&'static str>,
+    /// Set on the choice's last piece.
+    pub finish: Option<FinishReason>,
+}
+
+/// How one choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChoiceEnd {
+    /// It finished, for this reason.
+    Finished(FinishReason),
+    /// The engine failed it (the request answers with an error).
+    Failed,
+}
+
+impl ChoiceEnd {
+    /// The metrics label: the finish reason, or `error`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ChoiceEnd::Finished(reason) => reason.as_str(),
+            ChoiceEnd::Failed => "error",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -45,7 +65,7 @@ struct Choice {
     stop: StopMatcher,
     tokens: usize,
     last_token_at: Option<Instant>,
-    finish: Option<&'static str>,
+    end: Option<ChoiceEnd>,
 }
 
 /// Aborts every sequence of a request still in the engine when dropped.
@@ -92,42 +112,16 @@ impl std::fmt::Debug for Generation {
     }
 }
 
-/// Maps an engine refusal to a 400 naming the field that caused it.
-pub fn engine_error(error: EngineError, prompt_field: &str, max_field: &str) -> ApiError {
-    match error {
-        EngineError::Refused(refusal) => {
-            let param = match &refusal {
-                Refusal::EmptyPrompt
-                | Refusal::TokenOutOfVocabulary { .. }
-                | Refusal::SequenceBusy { .. } => prompt_field,
-                Refusal::ContextTooLong { .. } | Refusal::PoolTooSmall { .. } => max_field,
-                Refusal::ZeroMaxTokens => max_field,
-                Refusal::Sampling(s) => s.field,
-                Refusal::TooManyLogprobs { .. } => "logprobs",
-            };
-            let code = match refusal {
-                Refusal::ContextTooLong { .. } => Some("context_length_exceeded"),
-                _ => None,
-            };
-            let mut e = ApiError::invalid(param, refusal.to_string());
-            e.code = code;
-            e
-        }
-        EngineError::Stopped => ApiError::not_ready("the engine is stopped"),
-        other => ApiError::internal(other.to_string()),
-    }
-}
-
 impl Generation {
-    /// Admits and submits `checked.n` sequences.
+    /// Admits and submits `validated.n` sequences; an engine refusal names the field of the
+    /// request that caused it.
     pub fn start(
         state: &SharedState,
         engine: &EngineHandle,
-        checked: &Checked,
+        validated: &ValidatedGeneration,
         id: String,
-        fields: (&str, &str),
     ) -> Result<Self, ApiError> {
-        let admission = state.admit(engine, checked.n)?;
+        let admission = state.admit(engine, validated.n)?;
         let span = tracing::info_span!("request", id = %id);
         let mut guard = AbortGuard {
             engine: engine.clone(),
@@ -136,22 +130,22 @@ impl Generation {
         };
         let mut choices = Vec::new();
         let mut events = SelectAll::new();
-        for index in 0..checked.n {
-            let mut request = checked.request.clone();
+        for index in 0..validated.n {
+            let mut request = validated.request.clone();
             if let Some(seed) = request.sampling.seed.as_mut() {
                 *seed = seed.wrapping_add(index as u64);
             }
             let (engine_id, mut rx) = engine
                 .submit(request)
-                .map_err(|e| engine_error(e, fields.0, fields.1))?;
+                .map_err(|e| validated.fields.api_error(e))?;
             guard.ids.push(engine_id);
             choices.push(Choice {
                 engine_id,
                 decoder: IncrementalDecoder::default(),
-                stop: StopMatcher::new(checked.stop.clone()),
+                stop: StopMatcher::new(validated.stop.clone()),
                 tokens: 0,
                 last_token_at: None,
-                finish: None,
+                end: None,
             });
             events.push(
                 stream::poll_fn(move |cx| rx.poll_recv(cx))
@@ -159,13 +153,13 @@ impl Generation {
                     .boxed(),
             );
         }
-        let prompt_tokens = checked.request.prompt_ids.len();
+        let prompt_tokens = validated.request.prompt_ids.len();
         span.in_scope(|| {
             tracing::info!(
                 prompt_tokens,
-                n = checked.n,
-                max_tokens = ?checked.request.max_tokens,
-                stream = checked.stream,
+                n = validated.n,
+                max_tokens = ?validated.request.max_tokens,
+                stream = validated.stream,
                 engine_ids = ?guard.ids,
                 "accepted"
             )
@@ -178,7 +172,7 @@ impl Generation {
             _admission: admission,
             started: Instant::now(),
             prompt_tokens,
-            wants_logprobs: checked.request.logprobs.is_some(),
+            wants_logprobs: validated.request.logprobs.is_some(),
             id,
             span,
         })
@@ -192,7 +186,7 @@ impl Generation {
     /// The next piece, `None` when every choice has finished.
     pub async fn next_piece(&mut self) -> Option<Result<Piece, ApiError>> {
         loop {
-            if self.choices.iter().all(|c| c.finish.is_some()) {
+            if self.choices.iter().all(|c| c.end.is_some()) {
                 if !self.guard.finished {
                     self.guard.finished = true;
                     self.log_finished();
@@ -214,7 +208,7 @@ impl Generation {
         let state = &self.state;
         let codec = &state.text.codec;
         let choice = &mut self.choices[index];
-        if choice.finish.is_some() {
+        if choice.end.is_some() {
             return None;
         }
         let mut piece = Piece {
@@ -249,8 +243,8 @@ impl Generation {
                 piece.text = matched.text;
                 if matched.stopped {
                     self.guard.engine.abort(choice.engine_id);
-                    self.finish_choice(index, "stop");
-                    piece.finish = Some("stop");
+                    self.end_choice(index, ChoiceEnd::Finished(FinishReason::Stop));
+                    piece.finish = Some(FinishReason::Stop);
                 }
             }
             TokenEvent::Finished { reason, .. } => {
@@ -263,41 +257,37 @@ impl Generation {
                 if !matched.stopped {
                     piece.text.push_str(&choice.stop.finish());
                 }
+                // A stop string found in the held-back text ends the choice as a stop, whatever
+                // ended the sequence.
                 let reason = if matched.stopped {
-                    "stop"
+                    FinishReason::Stop
                 } else {
-                    match reason {
-                        FinishReason::Stop => "stop",
-                        FinishReason::Length => "length",
-                        FinishReason::Abort => "abort",
-                    }
+                    FinishReason::from(reason)
                 };
-                self.finish_choice(index, reason);
+                self.end_choice(index, ChoiceEnd::Finished(reason));
                 piece.finish = Some(reason);
             }
             TokenEvent::Error { message } => {
-                self.finish_choice(index, "error");
+                self.end_choice(index, ChoiceEnd::Failed);
                 return Some(Err(ApiError::internal(message)));
             }
         }
         Some(Ok(piece))
     }
 
-    fn finish_choice(&mut self, index: usize, reason: &'static str) {
-        self.choices[index].finish = Some(reason);
-        let reason = match reason {
-            "stop" => "stop",
-            "length" => "length",
-            "abort" => "abort",
-            _ => "error",
-        };
+    fn end_choice(&mut self, index: usize, end: ChoiceEnd) {
+        self.choices[index].end = Some(end);
         self.state
             .metrics
-            .observe_finished(reason, self.started.elapsed());
+            .observe_finished(end, self.started.elapsed());
     }
 
     fn log_finished(&self) {
-        let reasons: Vec<&str> = self.choices.iter().filter_map(|c| c.finish).collect();
+        let reasons: Vec<&str> = self
+            .choices
+            .iter()
+            .filter_map(|c| c.end.map(ChoiceEnd::label))
+            .collect();
         self.span.in_scope(|| {
             tracing::info!(
                 completion_tokens = self.completion_tokens(),
@@ -312,11 +302,12 @@ impl Generation {
 impl Drop for Generation {
     fn drop(&mut self) {
         if !self.guard.finished {
-            let unfinished = self.choices.iter().filter(|c| c.finish.is_none()).count();
+            let unfinished = self.choices.iter().filter(|c| c.end.is_none()).count();
             for _ in 0..unfinished {
-                self.state
-                    .metrics
-                    .observe_finished("abort", self.started.elapsed());
+                self.state.metrics.observe_finished(
+                    ChoiceEnd::Finished(FinishReason::Abort),
+                    self.started.elapsed(),
+                );
             }
             self.span.in_scope(|| {
                 tracing::info!(

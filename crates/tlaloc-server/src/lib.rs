@@ -1,6 +1,7 @@
 //! OpenAI-compatible HTTP server over the runtime engine: `/v1/completions`,
 //! `/v1/chat/completions` (with SSE streaming), `/v1/models`, `/tokenize`, `/detokenize`,
-//! `/health`, `/ready` and `/metrics`.
+//! `/health`, `/ready`, `/metrics`, and its own OpenAPI description at `/openapi.json`
+//! ([`openapi()`], committed as `docs/openapi.json`).
 //!
 //! The server listens before the model is loaded (`/ready` answers 503 until it is), bounds the
 //! sequences it holds (429 past the queue), aborts the sequences of a client that went away, and
@@ -12,10 +13,14 @@ pub mod chat;
 pub mod error;
 pub mod generate;
 pub mod metrics;
-pub mod protocol;
+pub mod openapi;
+pub mod render;
+pub mod request;
+pub mod response;
 pub mod routes;
 pub mod state;
 pub mod text;
+pub mod validate;
 
 use std::future::Future;
 
@@ -24,6 +29,7 @@ use tlaloc_runtime::EngineHandle;
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
+pub use openapi::{openapi, openapi_json};
 pub use routes::router;
 pub use state::{AppState, ModelText, ModelTextError, ServerConfig, SharedState};
 

@@ -13,6 +13,8 @@ use prometheus::{
 };
 use tlaloc_runtime::EngineStats;
 
+use crate::generate::ChoiceEnd;
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -151,9 +153,10 @@ impl Metrics {
         self.itl.observe(d.as_secs_f64());
     }
 
-    /// A finished request: its reason (`stop`, `length`, `abort`) and its whole time.
-    pub fn observe_finished(&self, reason: &'static str, total: Duration) {
-        self.finished.with_label_values(&[reason]).inc();
+    /// A finished sequence: how it ended (labelled `stop`, `length`, `abort` or `error`) and its
+    /// whole time.
+    pub fn observe_finished(&self, end: ChoiceEnd, total: Duration) {
+        self.finished.with_label_values(&[end.label()]).inc();
         self.e2e.observe(total.as_secs_f64());
     }
 

@@ -1,5 +1,6 @@
 //! The server's integration tests, linked into one binary.
 
 mod fake;
+mod openapi;
 mod routes;
 mod text;

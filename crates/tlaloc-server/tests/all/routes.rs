@@ -220,6 +220,35 @@ async fn the_context_limit_is_refused_by_name_not_clamped() {
     assert!(body["error"]["message"].as_str().unwrap().contains("128"));
 }
 
+/// A refusal only the engine can make names the field the request spelled its budget or its
+/// prompt with.
+#[tokio::test]
+async fn engine_refusals_name_the_field_the_request_used() {
+    let h = quick();
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    let cases = [
+        (
+            json!({"messages": messages, "max_completion_tokens": 400}),
+            "max_completion_tokens",
+        ),
+        (
+            json!({"messages": messages, "max_tokens": 400}),
+            "max_tokens",
+        ),
+    ];
+    for (body, param) in cases {
+        let (status, body) = call(&h, "/v1/chat/completions", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["param"], json!(param), "{body}");
+        assert_eq!(body["error"]["code"], json!("context_length_exceeded"));
+    }
+    let (status, body) = call(&h, "/v1/completions", json!({"prompt": [1, 99999999]})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["param"], json!("prompt"));
+    assert_eq!(body["error"]["code"], json!(null));
+    assert_eq!(h.engine.stats().prompt_tokens_total, 0);
+}
+
 #[tokio::test]
 async fn api_key_is_required_on_the_api_and_not_on_health() {
     let mut c = config();

@@ -1,0 +1,501 @@
+//! Every request body checked once, before anything reaches the engine: one `check` per
+//! request type, each giving the validated form its handler runs, or a 400 that names the field
+//! at fault. Fields this server cannot honour are refused by name rather than ignored.
+//!
+//! What only the engine knows (the context limit, the pool, the vocabulary of submitted ids) the
+//! engine checks; a generation's validated form carries the names of the fields its refusals are
+//! reported against, so they name the field the client sent.
+
+use tlaloc_runtime::{EngineError, GenerateRequest, Refusal, SamplingParams, StopParams};
+
+use crate::chat::TemplateMessage;
+use crate::error::{ApiError, ErrorCode};
+use crate::request::{
+    ChatMessage, ChatRequest, CommonFields, CompletionRequest, Content, DetokenizeRequest, Prompt,
+    Stop, TokenizeRequest,
+};
+use crate::state::AppState;
+
+/// The most choices one request may ask for.
+pub const MAX_N: u32 = 16;
+/// The most top log-probabilities per token.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// The most stop strings.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// The request fields an engine refusal is reported against (the generation endpoints spell
+/// them differently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalFields {
+    /// Where the prompt's tokens came from: `prompt` or `messages`.
+    pub prompt: &'static str,
+    /// The token budget: `max_tokens`, or `max_completion_tokens` when a chat request sent it.
+    pub max_tokens: &'static str,
+}
+
+impl RefusalFields {
+    /// The API error for an engine error at submission: a refusal is a 400 naming its field.
+    pub fn api_error(self, error: EngineError) -> ApiError {
+        match error {
+            EngineError::Refused(refusal) => {
+                let param = match &refusal {
+                    Refusal::EmptyPrompt
+                    | Refusal::TokenOutOfVocabulary { .. }
+                    | Refusal::SequenceBusy { .. } => self.prompt,
+                    Refusal::ContextTooLong { .. }
+                    | Refusal::PoolTooSmall { .. }
+                    | Refusal::ZeroMaxTokens => self.max_tokens,
+                    Refusal::Sampling(s) => s.field,
+                    Refusal::TooManyLogprobs { .. } => "logprobs",
+                };
+                let e = ApiError::invalid(param, refusal.to_string());
+                match refusal {
+                    Refusal::ContextTooLong { .. } => e.with_code(ErrorCode::ContextLengthExceeded),
+                    _ => e,
+                }
+            }
+            EngineError::Stopped => ApiError::not_ready("the engine is stopped"),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+/// A completion or chat completion request with every field checked: what the engine runs for
+/// each choice, and how to answer.
+#[derive(Debug, Clone)]
+pub struct ValidatedGeneration {
+    /// One engine request (cloned per choice, with its own seed).
+    pub request: GenerateRequest,
+    /// Choices.
+    pub n: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Answer with server-sent events.
+    pub stream: bool,
+    /// Send a usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// Where the engine's refusals of this request point.
+    pub fields: RefusalFields,
+}
+
+/// A `/tokenize` request, checked and tokenized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedTokenize {
+    /// The prompt's or the rendered conversation's ids.
+    pub tokens: Vec<u32>,
+}
+
+/// A `/detokenize` request whose ids are all in the vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedDetokenize {
+    /// Ids to decode.
+    pub tokens: Vec<u32>,
+}
+
+impl CompletionRequest {
+    /// Checks every field and tokenizes the prompt.
+    pub fn check(self, state: &AppState) -> Result<ValidatedGeneration, ApiError> {
+        let common = self.common();
+        check_model(state, common.model.as_deref())?;
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid(
+                "echo",
+                "`echo` = true refused: it is not served",
+            ));
+        }
+        if self.suffix.is_some() {
+            return Err(ApiError::invalid(
+                "suffix",
+                "`suffix` refused: it is not served",
+            ));
+        }
+        let logprobs = check_top_logprobs("logprobs", self.logprobs)?;
+        let prompt_ids = prompt_ids(state, self.prompt)?;
+        let fields = RefusalFields {
+            prompt: "prompt",
+            max_tokens: "max_tokens",
+        };
+        common.check(common.max_tokens, logprobs, prompt_ids, fields)
+    }
+}
+
+impl ChatRequest {
+    /// Checks every field, renders the conversation with the chat template and tokenizes it.
+    pub fn check(self, state: &AppState) -> Result<ValidatedGeneration, ApiError> {
+        let common = self.common();
+        check_model(state, common.model.as_deref())?;
+        let logprobs = match (self.logprobs, self.top_logprobs) {
+            (Some(true), top) => Some(check_top_logprobs("top_logprobs", top)?.unwrap_or(0)),
+            (_, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` refused without `logprobs`: true",
+                ));
+            }
+            _ => None,
+        };
+        let text = render_messages(
+            state,
+            self.messages.as_deref(),
+            self.add_generation_prompt.unwrap_or(true),
+        )?;
+        let prompt_ids = state
+            .text
+            .codec
+            .encode(&text, false)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        let (max_tokens, max_field) = match self.max_completion_tokens {
+            Some(m) => (Some(m), "max_completion_tokens"),
+            None => (common.max_tokens, "max_tokens"),
+        };
+        let fields = RefusalFields {
+            prompt: "messages",
+            max_tokens: max_field,
+        };
+        common.check(max_tokens, logprobs, prompt_ids, fields)
+    }
+}
+
+impl TokenizeRequest {
+    /// Checks the fields and tokenizes the prompt, or the conversation rendered with the chat
+    /// template.
+    pub fn check(self, state: &AppState) -> Result<ValidatedTokenize, ApiError> {
+        check_model(state, self.model.as_deref())?;
+        let (text, add_special) = match (&self.prompt, &self.messages) {
+            (Some(p), None) => (p.clone(), self.add_special_tokens.unwrap_or(true)),
+            (None, Some(m)) => (
+                render_messages(state, Some(m), self.add_generation_prompt.unwrap_or(true))?,
+                self.add_special_tokens.unwrap_or(false),
+            ),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "send exactly one of `prompt` and `messages`",
+                ));
+            }
+        };
+        let tokens = state
+            .text
+            .codec
+            .encode(&text, add_special)
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok(ValidatedTokenize { tokens })
+    }
+}
+
+impl DetokenizeRequest {
+    /// Checks the model and that every id is in the vocabulary.
+    pub fn check(self, state: &AppState) -> Result<ValidatedDetokenize, ApiError> {
+        check_model(state, self.model.as_deref())?;
+        let vocab = state.text.codec.vocab_size();
+        if let Some((i, t)) = self
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t as usize >= vocab)
+        {
+            return Err(ApiError::invalid(
+                format!("tokens[{i}]"),
+                format!("token id {t} refused: the vocabulary has ids 0..{vocab}"),
+            ));
+        }
+        Ok(ValidatedDetokenize {
+            tokens: self.tokens,
+        })
+    }
+}
+
+fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    let served = &state.config.served_model_name;
+    match model {
+        None => Ok(()),
+        Some(m) if m == served => Ok(()),
+        Some(m) => Err(ApiError::invalid(
+            "model",
+            format!("model `{m}` refused: this server serves only `{served}`"),
+        )
+        .with_code(ErrorCode::ModelNotFound)),
+    }
+}
+
+fn check_top_logprobs(field: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(k) if (0..=MAX_TOP_LOGPROBS as i64).contains(&k) => Ok(Some(k as usize)),
+        Some(k) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` = {k} refused: a count from 0 to {MAX_TOP_LOGPROBS}"),
+        )),
+    }
+}
+
+fn prompt_ids(state: &AppState, prompt: Option<Prompt>) -> Result<Vec<u32>, ApiError> {
+    let one = |n: usize| {
+        ApiError::invalid(
+            "prompt",
+            format!("a batch of {n} prompts refused: send one prompt per request"),
+        )
+    };
+    let text = match prompt {
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(Prompt::Text(t)) => t,
+        Some(Prompt::Ids(ids)) => return Ok(ids),
+        Some(Prompt::Texts(mut v)) if v.len() == 1 => v.remove(0),
+        Some(Prompt::Texts(v)) => return Err(one(v.len())),
+        Some(Prompt::IdLists(mut v)) if v.len() == 1 => return Ok(v.remove(0)),
+        Some(Prompt::IdLists(v)) => return Err(one(v.len())),
+    };
+    state
+        .text
+        .codec
+        .encode(&text, true)
+        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+}
+
+/// The conversation rendered with the model's chat template.
+fn render_messages(
+    state: &AppState,
+    messages: Option<&[ChatMessage]>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let template = state.text.chat.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "chat refused: this model's artifact carries no chat template; use /v1/completions",
+        )
+    })?;
+    let messages =
+        messages.ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "an empty `messages` list refused: send at least one message",
+        ));
+    }
+    let mut rendered = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("role `{other}` refused: system, developer, user or assistant"),
+                ));
+            }
+        };
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid(
+                                format!("messages[{i}].content[{j}]"),
+                                format!(
+                                    "content part of type `{kind}` refused: only text parts with a `text` field are served"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        rendered.push(TemplateMessage {
+            role: role.to_owned(),
+            content,
+        });
+    }
+    template
+        .render(&rendered, add_generation_prompt)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+fn range_f32(
+    field: &str,
+    value: Option<f32>,
+    default: f32,
+    ok: impl Fn(f32) -> bool,
+    accepted: &str,
+) -> Result<f32, ApiError> {
+    match value {
+        None => Ok(default),
+        Some(v) if v.is_finite() && ok(v) => Ok(v),
+        Some(v) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` = {v} refused: {accepted}"),
+        )),
+    }
+}
+
+impl CommonFields {
+    /// Checks the budget, sampling, stop and streaming fields both generation endpoints share;
+    /// the budget and the log-probability count come from the endpoint, which spells them its
+    /// own way.
+    fn check(
+        &self,
+        max_tokens: Option<i64>,
+        logprobs: Option<usize>,
+        prompt_ids: Vec<u32>,
+        fields: RefusalFields,
+    ) -> Result<ValidatedGeneration, ApiError> {
+        let max_field = fields.max_tokens;
+        let max_tokens = match max_tokens {
+            None => None,
+            Some(m) if m >= 1 => Some(m as usize),
+            Some(m) => {
+                return Err(ApiError::invalid(
+                    max_field,
+                    format!("`{max_field}` = {m} refused: ask for at least 1 token"),
+                ));
+            }
+        };
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("`n` = {n} refused: a count from 1 to {MAX_N}"),
+                ));
+            }
+        };
+        if let Some(b) = self.best_of
+            && b != n as i64
+        {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("`best_of` = {b} refused: only best_of equal to n ({n}) is served"),
+            ));
+        }
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "`logit_bias` refused: it is not served; send it empty or leave it out",
+            ));
+        }
+        let temperature = range_f32(
+            "temperature",
+            self.temperature,
+            1.0,
+            |v| (0.0..=2.0).contains(&v),
+            "a number in [0, 2] (0 is greedy)",
+        )?;
+        let top_p = range_f32(
+            "top_p",
+            self.top_p,
+            1.0,
+            |v| v > 0.0 && v <= 1.0,
+            "a number in (0, 1]",
+        )?;
+        let min_p = range_f32(
+            "min_p",
+            self.min_p,
+            0.0,
+            |v| (0.0..=1.0).contains(&v),
+            "a number in [0, 1]",
+        )?;
+        let penalty = |field, value| {
+            range_f32(
+                field,
+                value,
+                0.0,
+                |v| (-2.0..=2.0).contains(&v),
+                "a number in [-2, 2]",
+            )
+        };
+        let presence_penalty = penalty("presence_penalty", self.presence_penalty)?;
+        let frequency_penalty = penalty("frequency_penalty", self.frequency_penalty)?;
+        let repetition_penalty = range_f32(
+            "repetition_penalty",
+            self.repetition_penalty,
+            1.0,
+            |v| v > 0.0 && v <= 10.0,
+            "a number in (0, 10] (1 is off)",
+        )?;
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k >= 1 => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` = {k} refused: a count >= 1, or -1 / 0 for no limit"),
+                ));
+            }
+        };
+        let seed = match self.seed {
+            None => None,
+            Some(s) if s >= 0 => Some(s as u64),
+            Some(s) => {
+                return Err(ApiError::invalid(
+                    "seed",
+                    format!("`seed` = {s} refused: a non-negative integer"),
+                ));
+            }
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "{} stop strings refused: at most {MAX_STOP_STRINGS}",
+                    stop.len()
+                ),
+            ));
+        }
+        if stop.iter().any(|s| s.is_empty()) {
+            return Err(ApiError::invalid(
+                "stop",
+                "an empty stop string refused: every stop string needs at least one character",
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` refused: it only applies when `stream` is true",
+            ));
+        }
+        let include_usage = self
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok(ValidatedGeneration {
+            request: GenerateRequest {
+                prompt_ids,
+                sampling: SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed,
+                    repetition_penalty,
+                    presence_penalty,
+                    frequency_penalty,
+                },
+                stop: StopParams {
+                    stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+                },
+                max_tokens,
+                logprobs,
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+                sequence: None,
+            },
+            n,
+            stop,
+            stream,
+            include_usage,
+            fields,
+        })
+    }
+}
