@@ -100,11 +100,20 @@ impl Artifact {
             programs.push(found);
         }
 
-        Ok(Artifact {
+        let artifact = Artifact {
             root,
             manifest,
             programs,
-        })
+        };
+        // Every body is hashed now, not when its entry is first compiled: a compile cache keyed
+        // by the body's name would otherwise run the cached code of a body that was edited.
+        let mut checked = std::collections::BTreeSet::new();
+        for entry in &artifact.manifest.entries {
+            if checked.insert(entry.body.as_str()) {
+                artifact.body_text(entry)?;
+            }
+        }
+        Ok(artifact)
     }
 
     /// The canonical artifact directory.

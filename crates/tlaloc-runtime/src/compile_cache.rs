@@ -4,9 +4,16 @@
 //! Key = sha256 over the plugin's PJRT API version, its platform name and version, the plugin
 //! file (path and size: two builds can share an API and platform version), the device kind,
 //! the compiler flags XLA reads from the environment (`XLA_FLAGS`), the body's sha256 and the
-//! compile-option bytes. Value = `LoadedExecutable::serialize()`
-//! in `<dir>/<key>.bin`, written to a temporary name and renamed, so a reader never sees half
-//! a file. A file that fails to load is treated as a miss and rewritten.
+//! compile-option bytes. Value = `LoadedExecutable::serialize()` in `<dir>/<key>.bin` behind a
+//! header naming the key and the payload's sha256, written to a temporary name and renamed, so
+//! a reader never sees half a file. A file whose header names another key (a file swapped in
+//! from another entry or plugin) or whose payload does not hash to its header is a miss, and is
+//! rewritten; so is a file that fails to load.
+//!
+//! What the cache trusts: whoever can write its directory. The header binds a file to its
+//! key, so files cannot be swapped between entries, bodies or plugin builds by renaming, but a
+//! writer who forges a header chooses the code that runs, as a writer of the plugin file
+//! would. Keep the cache directory as private as the plugin.
 
 use std::path::{Path, PathBuf};
 
@@ -90,9 +97,17 @@ impl CompileCache {
         self.dir.join(format!("{key}.bin"))
     }
 
-    /// The stored bytes for `key`, if any.
+    /// The stored bytes for `key`, if any and if they are bound to `key`.
     pub fn get(&self, key: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.path(key)).ok()
+        let path = self.path(key);
+        let file = std::fs::read(&path).ok()?;
+        match unwrap_entry(&file, key) {
+            Ok(payload) => Some(payload.to_vec()),
+            Err(why) => {
+                tracing::warn!(file = %path.display(), why, "compile cache file refused; recompiling");
+                None
+            }
+        }
     }
 
     /// Stores `bytes` under `key`; failures are logged, not fatal (the cache is an optimisation).
@@ -100,13 +115,48 @@ impl CompileCache {
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(&self.dir)?;
             let tmp = self.dir.join(format!("{key}.tmp.{}", std::process::id()));
-            std::fs::write(&tmp, bytes)?;
+            std::fs::write(&tmp, wrap_entry(key, bytes))?;
             std::fs::rename(&tmp, self.path(key))
         };
         if let Err(e) = write() {
             tracing::warn!(dir = %self.dir.display(), error = %e, "could not write the compile cache");
         }
     }
+}
+
+/// The first line of every cache file.
+const MAGIC: &str = "tlaloc-compile-cache 1";
+
+/// `MAGIC\n<key>\n<sha256 of payload>\n<payload>`.
+fn wrap_entry(key: &str, payload: &[u8]) -> Vec<u8> {
+    let header = format!("{MAGIC}\n{key}\n{}\n", hex::encode(Sha256::digest(payload)));
+    let mut out = Vec::with_capacity(header.len() + payload.len());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of a cache file written for `key`, or why it is refused.
+fn unwrap_entry<'a>(file: &'a [u8], key: &str) -> Result<&'a [u8], &'static str> {
+    let mut rest = file;
+    let mut line = || -> Result<&'a [u8], &'static str> {
+        let end = rest.iter().position(|&b| b == b'\n').ok_or("no header")?;
+        let (head, tail) = rest.split_at(end);
+        rest = &tail[1..];
+        Ok(head)
+    };
+    if line()? != MAGIC.as_bytes() {
+        return Err("not a compile cache file of this format");
+    }
+    if line()? != key.as_bytes() {
+        return Err("written for another key (swapped in from another entry or plugin)");
+    }
+    let digest = line()?;
+    let payload = rest;
+    if digest != hex::encode(Sha256::digest(payload)).as_bytes() {
+        return Err("the payload does not match its hash (truncated or altered)");
+    }
+    Ok(payload)
 }
 
 #[cfg(test)]
@@ -195,6 +245,26 @@ mod tests {
         assert_eq!(cache.get("k"), None);
         cache.put("k", b"bytes");
         assert_eq!(cache.get("k").as_deref(), Some(&b"bytes"[..]));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Regression: the cache was keyed by file name only, so a file copied over another
+    /// entry's ran as that entry.
+    #[test]
+    fn a_cache_file_swapped_in_from_another_entry_is_refused() {
+        let dir = std::env::temp_dir().join(format!("tlaloc-cache-swap-{}", std::process::id()));
+        let cache = CompileCache::new(&dir);
+        cache.put("a", b"code of a");
+        cache.put("b", b"code of b");
+        std::fs::copy(dir.join("a.bin"), dir.join("b.bin")).unwrap();
+        assert_eq!(cache.get("b"), None);
+        assert_eq!(cache.get("a").as_deref(), Some(&b"code of a"[..]));
+        // A truncated or altered payload, and a file of no header, are misses too.
+        let whole = std::fs::read(dir.join("a.bin")).unwrap();
+        std::fs::write(dir.join("a.bin"), &whole[..whole.len() - 1]).unwrap();
+        assert_eq!(cache.get("a"), None);
+        std::fs::write(dir.join("a.bin"), b"raw executable bytes").unwrap();
+        assert_eq!(cache.get("a"), None);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -182,12 +182,25 @@ fn flip_first_byte(path: &Path) {
     std::fs::write(path, bytes).expect("write");
 }
 
+/// Regression: a body edited in place (its name still the old hash) was found only when its
+/// entry was first compiled, and never when a compile cache already held that name.
 #[test]
-fn tampered_body_is_refused_by_body_text_and_verify() {
+fn a_tampered_body_is_refused_when_the_artifact_is_opened() {
     let (_tmp, dir, written) = fixture::written();
     let entry = written.manifest.entries[0].clone();
     flip_first_byte(&dir.join(&entry.body));
-    let artifact = Artifact::open(&dir).expect("open does not hash bodies");
+    match Artifact::open(&dir).unwrap_err() {
+        ArtifactError::BodyHashMismatch { file, .. } => assert_eq!(file, entry.body),
+        other => panic!("expected BodyHashMismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_body_tampered_after_open_is_refused_by_body_text_and_verify() {
+    let (_tmp, dir, written) = fixture::written();
+    let entry = written.manifest.entries[0].clone();
+    let artifact = Artifact::open(&dir).expect("an untouched artifact opens");
+    flip_first_byte(&dir.join(&entry.body));
     let err = artifact.body_text(&entry).unwrap_err();
     match &err {
         ArtifactError::BodyHashMismatch { file, found } => {
@@ -212,10 +225,11 @@ fn verify_reports_every_tampered_file() {
     let body = &written.manifest.entries.last().expect("entries").body;
     let weight = &written.manifest.weights[1].file;
     let tokenizer = &written.manifest.tokenizer.files[0].path;
+    // Tampered after opening (opening itself refuses a tampered body).
+    let artifact = Artifact::open(&dir).expect("an untouched artifact opens");
     for file in [body, weight, tokenizer] {
         flip_first_byte(&dir.join(file));
     }
-    let artifact = Artifact::open(&dir).expect("lengths are unchanged");
     let err = artifact.verify().unwrap_err();
     match &err {
         ArtifactError::IntegrityFailed { problems } => {

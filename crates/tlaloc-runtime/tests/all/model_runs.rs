@@ -310,3 +310,35 @@ fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
         engine.shutdown();
     }
 }
+
+/// Regression: with a warm compile cache an edited body (its file name still the old hash) was
+/// never read, so the cached code of the original ran and the edit went unnoticed.
+#[test]
+fn a_warm_compile_cache_does_not_hide_a_tampered_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    toy::write(&dir, 32);
+    let plugin = test_plugin_paths().remove(0);
+    let cache = tmp.path().join("cache");
+    let warm = Model::load(
+        &dir,
+        &options(&plugin, Some(cache.clone()), CompileMode::Eager),
+    );
+    drop(warm.unwrap());
+    let body = tlaloc_artifact::Artifact::open(&dir)
+        .unwrap()
+        .manifest()
+        .entries[0]
+        .body
+        .clone();
+    let text = std::fs::read_to_string(dir.join(&body)).unwrap();
+    let edited = text.replacen("stablehlo.add", "stablehlo.subtract", 1);
+    assert_ne!(edited, text, "the toy body has an add to edit");
+    std::fs::write(dir.join(&body), edited).unwrap();
+    let err = Model::load(&dir, &options(&plugin, Some(cache), CompileMode::Eager)).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&body) && message.contains("sha256"),
+        "{message}"
+    );
+}
