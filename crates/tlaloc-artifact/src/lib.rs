@@ -28,6 +28,6 @@ pub use manifest::{
     Provenance, RopeScaling, SourceCheckpoint, SourceFile, TokenizerFile, TokenizerFiles,
     WeightEntry,
 };
-pub use program::{Donation, ProgramSignature, Role, SignatureMismatch, TensorSpec};
+pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
 pub use step::{StepInput, StepOutput};
 pub use writer::{ArtifactWriter, ExistingDir};

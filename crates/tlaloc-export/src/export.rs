@@ -16,8 +16,8 @@ use std::path::Path;
 use half::bf16;
 use tlaloc_artifact::{
     ArtifactError, ArtifactWriter, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
-    LadderError, LadderOptions, Manifest, PaddingContract, ProgramSignature, Provenance, Role,
-    SignatureMismatch, SourceCheckpoint, SourceFile, TensorSpec, TokenizerFiles,
+    LadderError, LadderOptions, Manifest, OperandRole, PaddingContract, ProgramSignature,
+    Provenance, SignatureMismatch, SourceCheckpoint, SourceFile, TensorSpec, TokenizerFiles,
 };
 use tlaloc_hlo::Module;
 
@@ -241,7 +241,7 @@ fn signature_of(module: &Module, expected: &ProgramSignature) -> ProgramSignatur
             .iter()
             .find(|s| s.name == name)
             .map(|s| s.role.clone())
-            .unwrap_or(Role::Weight { slot: name.clone() });
+            .unwrap_or(OperandRole::Weight { slot: name.clone() });
         TensorSpec {
             role,
             dtype: graph::artifact_dtype(ty.dtype).unwrap_or(Dtype::U8),

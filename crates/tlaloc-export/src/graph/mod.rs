@@ -44,7 +44,7 @@ use tlaloc_hlo::{
     ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
 };
 
-use crate::checkpoint::{LayerRole, Role};
+use crate::checkpoint::{LayerRole, TensorRole};
 use crate::config::ModelConfig;
 
 /// Where the bytes of a weight slot come from.
@@ -52,7 +52,7 @@ use crate::config::ModelConfig;
 pub enum SlotSource {
     /// The rows of these checkpoint tensors (Hugging Face layout) concatenated along dimension
     /// 0, in order: one tensor for most slots, q/k/v or gate/up for the fused projections.
-    Rows(Vec<Role>),
+    Rows(Vec<TensorRole>),
     /// The RoPE cosine table `[maxContext, headDim]`.
     RopeCos,
     /// The RoPE sine table `[maxContext, headDim]`.
@@ -123,7 +123,7 @@ impl WeightPlan {
     pub fn new(config: &ModelConfig, dtype: Dtype, rope_positions: usize) -> WeightPlan {
         let c = config;
         let mut slots = Vec::new();
-        let mut push = |name: String, roles: Vec<Role>| {
+        let mut push = |name: String, roles: Vec<TensorRole>| {
             let mut dims = roles[0].expected_dims(c);
             dims[0] = roles.iter().map(|r| r.expected_dims(c)[0]).sum();
             let dtype = if dims.len() == 1 { Dtype::F32 } else { dtype };
@@ -134,17 +134,17 @@ impl WeightPlan {
                 dims,
             });
         };
-        push(EMBEDDING_SLOT.into(), vec![Role::Embedding]);
+        push(EMBEDDING_SLOT.into(), vec![TensorRole::Embedding]);
         let per_layer = layer_slots(c);
         for layer in 0..c.num_hidden_layers {
             for (name, roles) in &per_layer {
-                let roles = roles.iter().map(|&r| Role::Layer(layer, r)).collect();
+                let roles = roles.iter().map(|&r| TensorRole::Layer(layer, r)).collect();
                 push(layer_slot(layer, name), roles);
             }
         }
-        push(FINAL_NORM_SLOT.into(), vec![Role::FinalNorm]);
+        push(FINAL_NORM_SLOT.into(), vec![TensorRole::FinalNorm]);
         if !c.tie_word_embeddings {
-            push(LM_HEAD_SLOT.into(), vec![Role::LmHead]);
+            push(LM_HEAD_SLOT.into(), vec![TensorRole::LmHead]);
         }
         for (name, source) in [
             (ROPE_COS_SLOT, SlotSource::RopeCos),
