@@ -24,10 +24,10 @@ pub use ladder::{
 };
 pub use loader::{Artifact, VerifyReport};
 pub use manifest::{
-    Entry, FORMAT_VERSION, KvCacheLayout, MANIFEST_FILE, Manifest, ModelConfig, PaddingContract,
-    Provenance, RopeScaling, SourceCheckpoint, SourceFile, TokenizerFile, TokenizerFiles,
-    WeightEntry,
+    Entry, FORMAT_VERSION, KvCacheLayout, MANIFEST_FILE, Manifest, ManifestModel,
+    ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, PaddingContract, Provenance,
+    SourceCheckpoint, TokenizerFile, WeightEntry,
 };
-pub use program::{Donation, ProgramSignature, Role, SignatureMismatch, TensorSpec};
+pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
 pub use step::{StepInput, StepOutput};
 pub use writer::{ArtifactWriter, ExistingDir};

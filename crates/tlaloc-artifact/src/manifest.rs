@@ -25,7 +25,7 @@ pub const MANIFEST_FILE: &str = "tlaloc-serving.json";
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Manifest {
     pub format_version: u32,
-    pub model: ModelConfig,
+    pub model: ManifestModel,
     /// Weights and activations.
     pub dtype: Dtype,
     pub kv_cache: KvCacheLayout,
@@ -33,13 +33,13 @@ pub struct Manifest {
     pub entries: Vec<Entry>,
     pub padding: PaddingContract,
     pub weights: Vec<WeightEntry>,
-    pub tokenizer: TokenizerFiles,
+    pub tokenizer: ManifestTokenizer,
     pub provenance: Provenance,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ModelConfig {
+pub struct ManifestModel {
     /// As exported by the checkpoint, e.g. `LlamaForCausalLM`.
     pub architecture: String,
     pub hidden_size: usize,
@@ -51,7 +51,7 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
-    pub rope_scaling: Option<RopeScaling>,
+    pub rope_scaling: Option<ManifestRopeScaling>,
     pub tied_embeddings: bool,
     pub attention_bias: bool,
     pub max_position_embeddings: usize,
@@ -66,7 +66,7 @@ pub struct ModelConfig {
     rename_all_fields = "camelCase",
     deny_unknown_fields
 )]
-pub enum RopeScaling {
+pub enum ManifestRopeScaling {
     Linear {
         factor: f64,
     },
@@ -96,7 +96,7 @@ pub struct KvCacheLayout {
 impl KvCacheLayout {
     /// The layout for `model` with `num_blocks` blocks (scratch block included) of `block_size`.
     pub fn for_model(
-        model: &ModelConfig,
+        model: &ManifestModel,
         dtype: Dtype,
         block_size: usize,
         num_blocks: usize,
@@ -221,7 +221,7 @@ pub struct WeightEntry {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TokenizerFiles {
+pub struct ManifestTokenizer {
     pub files: Vec<TokenizerFile>,
     /// Whether `tokenizer_config.json` carries a chat template; `null` when there is no config.
     pub chat_template: Option<bool>,
@@ -252,12 +252,12 @@ pub struct Provenance {
 pub struct SourceCheckpoint {
     /// e.g. `safetensors` or `gguf`
     pub kind: String,
-    pub files: Vec<SourceFile>,
+    pub files: Vec<ManifestSourceFile>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SourceFile {
+pub struct ManifestSourceFile {
     pub name: String,
     pub sha256: String,
 }

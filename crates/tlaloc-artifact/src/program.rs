@@ -22,7 +22,7 @@ pub struct ProgramSignature {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TensorSpec {
     pub name: String,
-    pub role: Role,
+    pub role: OperandRole,
     pub dtype: Dtype,
     pub dims: Vec<usize>,
 }
@@ -30,7 +30,7 @@ pub struct TensorSpec {
 /// What an operand is to the runtime. In JSON: `{"kind": "weight", "slot": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase", deny_unknown_fields)]
-pub enum Role {
+pub enum OperandRole {
     TokenIds,
     Positions,
     BlockTables,
@@ -79,7 +79,7 @@ impl std::fmt::Display for SignatureMismatch {
     }
 }
 
-fn spec(name: impl Into<String>, role: Role, dtype: Dtype, dims: Vec<usize>) -> TensorSpec {
+fn spec(name: impl Into<String>, role: OperandRole, dtype: Dtype, dims: Vec<usize>) -> TensorSpec {
     TensorSpec {
         name: name.into(),
         role,
@@ -111,7 +111,7 @@ impl ProgramSignature {
         inputs.extend(manifest.weights.iter().map(|w| {
             spec(
                 w.slot.clone(),
-                Role::Weight {
+                OperandRole::Weight {
                     slot: w.slot.clone(),
                 },
                 w.dtype,
@@ -132,7 +132,10 @@ impl ProgramSignature {
         let mut donations = Vec::with_capacity(2 * kv.num_layers);
         for layer in 0..kv.num_layers {
             let [k, v] = pool_names(layer);
-            for (name, role) in [(k, Role::KPool { layer }), (v, Role::VPool { layer })] {
+            for (name, role) in [
+                (k, OperandRole::KPool { layer }),
+                (v, OperandRole::VPool { layer }),
+            ] {
                 donations.push(Donation {
                     input: inputs.len(),
                     output: outputs.len(),

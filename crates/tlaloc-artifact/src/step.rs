@@ -11,7 +11,7 @@
 
 use crate::dtype::Dtype;
 use crate::ladder::LadderPoint;
-use crate::program::Role;
+use crate::program::OperandRole;
 
 /// The per-step inputs, in operand order (weights and then the K/V pools follow them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,18 +58,18 @@ impl StepInput {
     }
 
     /// Its role in a program signature.
-    pub const fn role(self) -> Role {
+    pub const fn role(self) -> OperandRole {
         match self {
-            StepInput::TokenIds => Role::TokenIds,
-            StepInput::Positions => Role::Positions,
-            StepInput::BlockTables => Role::BlockTables,
-            StepInput::SeqLens => Role::SeqLens,
-            StepInput::SlotMapping => Role::SlotMapping,
+            StepInput::TokenIds => OperandRole::TokenIds,
+            StepInput::Positions => OperandRole::Positions,
+            StepInput::BlockTables => OperandRole::BlockTables,
+            StepInput::SeqLens => OperandRole::SeqLens,
+            StepInput::SlotMapping => OperandRole::SlotMapping,
         }
     }
 
     /// The step input with `role`, if it is one.
-    pub fn from_role(role: &Role) -> Option<StepInput> {
+    pub fn from_role(role: &OperandRole) -> Option<StepInput> {
         StepInput::ALL.into_iter().find(|i| i.role() == *role)
     }
 
@@ -133,16 +133,16 @@ impl StepOutput {
     }
 
     /// Its role in a program signature.
-    pub const fn role(self) -> Role {
+    pub const fn role(self) -> OperandRole {
         match self {
-            StepOutput::Logits => Role::Logits,
-            StepOutput::NextTokens => Role::NextTokens,
-            StepOutput::NextTokenIds => Role::NextTokenIds,
+            StepOutput::Logits => OperandRole::Logits,
+            StepOutput::NextTokens => OperandRole::NextTokens,
+            StepOutput::NextTokenIds => OperandRole::NextTokenIds,
         }
     }
 
     /// The step output with `role`, if it is one.
-    pub fn from_role(role: &Role) -> Option<StepOutput> {
+    pub fn from_role(role: &OperandRole) -> Option<StepOutput> {
         StepOutput::ALL.into_iter().find(|o| o.role() == *role)
     }
 

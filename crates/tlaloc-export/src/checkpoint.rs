@@ -56,7 +56,7 @@ pub enum LayerRole {
 
 /// What a tensor is for in the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
+pub enum TensorRole {
     /// Token embedding `[vocab, hidden]`.
     Embedding,
     /// Output projection `[vocab, hidden]` (the embedding when tied).
@@ -102,33 +102,33 @@ const LAYER_ROLES: [(LayerRole, &str, &str); 16] = [
     (LayerRole::DownBias, "mlp.down_proj.bias", "ffn_down.bias"),
 ];
 
-impl Role {
+impl TensorRole {
     /// The Hugging Face state-dict name of this role.
     pub fn hf_name(self) -> String {
         match self {
-            Role::Embedding => "model.embed_tokens.weight".into(),
-            Role::LmHead => "lm_head.weight".into(),
-            Role::FinalNorm => "model.norm.weight".into(),
-            Role::Layer(n, r) => format!("model.layers.{n}.{}", layer_names(r).0),
+            TensorRole::Embedding => "model.embed_tokens.weight".into(),
+            TensorRole::LmHead => "lm_head.weight".into(),
+            TensorRole::FinalNorm => "model.norm.weight".into(),
+            TensorRole::Layer(n, r) => format!("model.layers.{n}.{}", layer_names(r).0),
         }
     }
 
     /// The llama.cpp GGUF tensor name of this role.
     pub fn gguf_name(self) -> String {
         match self {
-            Role::Embedding => "token_embd.weight".into(),
-            Role::LmHead => "output.weight".into(),
-            Role::FinalNorm => "output_norm.weight".into(),
-            Role::Layer(n, r) => format!("blk.{n}.{}", layer_names(r).1),
+            TensorRole::Embedding => "token_embd.weight".into(),
+            TensorRole::LmHead => "output.weight".into(),
+            TensorRole::FinalNorm => "output_norm.weight".into(),
+            TensorRole::Layer(n, r) => format!("blk.{n}.{}", layer_names(r).1),
         }
     }
 
     /// The role a Hugging Face state-dict name plays, if any.
-    pub fn from_hf_name(name: &str) -> Option<Role> {
+    pub fn from_hf_name(name: &str) -> Option<TensorRole> {
         match name {
-            "model.embed_tokens.weight" => Some(Role::Embedding),
-            "lm_head.weight" => Some(Role::LmHead),
-            "model.norm.weight" => Some(Role::FinalNorm),
+            "model.embed_tokens.weight" => Some(TensorRole::Embedding),
+            "lm_head.weight" => Some(TensorRole::LmHead),
+            "model.norm.weight" => Some(TensorRole::FinalNorm),
             _ => {
                 let rest = name.strip_prefix("model.layers.")?;
                 let (n, suffix) = rest.split_once('.')?;
@@ -138,11 +138,11 @@ impl Role {
     }
 
     /// The role a llama.cpp GGUF tensor name plays, if any.
-    pub fn from_gguf_name(name: &str) -> Option<Role> {
+    pub fn from_gguf_name(name: &str) -> Option<TensorRole> {
         match name {
-            "token_embd.weight" => Some(Role::Embedding),
-            "output.weight" => Some(Role::LmHead),
-            "output_norm.weight" => Some(Role::FinalNorm),
+            "token_embd.weight" => Some(TensorRole::Embedding),
+            "output.weight" => Some(TensorRole::LmHead),
+            "output_norm.weight" => Some(TensorRole::FinalNorm),
             _ => {
                 let rest = name.strip_prefix("blk.")?;
                 let (n, suffix) = rest.split_once('.')?;
@@ -154,9 +154,9 @@ impl Role {
     /// The shape (Hugging Face layout, linear weights `[out, in]`) this role must have.
     pub fn expected_dims(self, c: &ModelConfig) -> Vec<usize> {
         match self {
-            Role::Embedding | Role::LmHead => vec![c.vocab_size, c.hidden_size],
-            Role::FinalNorm => vec![c.hidden_size],
-            Role::Layer(_, r) => match r {
+            TensorRole::Embedding | TensorRole::LmHead => vec![c.vocab_size, c.hidden_size],
+            TensorRole::FinalNorm => vec![c.hidden_size],
+            TensorRole::Layer(_, r) => match r {
                 LayerRole::AttnNorm
                 | LayerRole::MlpNorm
                 | LayerRole::OBias
@@ -176,10 +176,10 @@ impl Role {
     }
 
     /// Every role a model with this config stores (the LM head only when untied).
-    pub fn required(c: &ModelConfig) -> Vec<Role> {
-        let mut roles = vec![Role::Embedding, Role::FinalNorm];
+    pub fn required(c: &ModelConfig) -> Vec<TensorRole> {
+        let mut roles = vec![TensorRole::Embedding, TensorRole::FinalNorm];
         if !c.tie_word_embeddings {
-            roles.push(Role::LmHead);
+            roles.push(TensorRole::LmHead);
         }
         for n in 0..c.num_hidden_layers {
             for (r, _, _) in LAYER_ROLES {
@@ -190,7 +190,7 @@ impl Role {
                     _ => true,
                 };
                 if wanted {
-                    roles.push(Role::Layer(n, r));
+                    roles.push(TensorRole::Layer(n, r));
                 }
             }
         }
@@ -212,7 +212,7 @@ fn layer_role(
     n: &str,
     suffix: &str,
     pick: impl Fn((LayerRole, &'static str, &'static str)) -> &'static str,
-) -> Option<Role> {
+) -> Option<TensorRole> {
     if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0'))
     {
         return None;
@@ -221,16 +221,16 @@ fn layer_role(
     LAYER_ROLES
         .iter()
         .find(|e| pick(**e) == suffix)
-        .map(|e| Role::Layer(n, e.0))
+        .map(|e| TensorRole::Layer(n, e.0))
 }
 
-impl fmt::Display for Role {
+impl fmt::Display for TensorRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Role::Embedding => f.write_str("Embedding"),
-            Role::LmHead => f.write_str("LmHead"),
-            Role::FinalNorm => f.write_str("FinalNorm"),
-            Role::Layer(n, r) => write!(f, "Layer({n}, {r:?})"),
+            TensorRole::Embedding => f.write_str("Embedding"),
+            TensorRole::LmHead => f.write_str("LmHead"),
+            TensorRole::FinalNorm => f.write_str("FinalNorm"),
+            TensorRole::Layer(n, r) => write!(f, "Layer({n}, {r:?})"),
         }
     }
 }
@@ -375,7 +375,7 @@ pub struct Checkpoint {
     /// Where the checkpoint came from.
     pub source: SourceInfo,
     store: Store,
-    tensors: BTreeMap<Role, TensorMeta>,
+    tensors: BTreeMap<TensorRole, TensorMeta>,
 }
 
 impl Checkpoint {
@@ -431,7 +431,7 @@ impl Checkpoint {
                     accepted: crate::safetensors::ACCEPTED_DTYPES,
                 });
             }
-            match Role::from_hf_name(&e.name) {
+            match TensorRole::from_hf_name(&e.name) {
                 Some(role) => {
                     stored.insert(
                         role,
@@ -448,7 +448,7 @@ impl Checkpoint {
                 None => unexpected.push(e.name),
             }
         }
-        let tensors = verify_roles(&config, stored, unexpected, Role::hf_name)?;
+        let tensors = verify_roles(&config, stored, unexpected, TensorRole::hf_name)?;
         let tokenizer = TokenizerFiles::from_hf_dir(dir, &config)?;
         let mut file_names: Vec<String> = vec!["config.json".into()];
         if kind == SourceKind::ShardedSafetensors {
@@ -475,7 +475,7 @@ impl Checkpoint {
         let mut stored = BTreeMap::new();
         let mut unexpected = Vec::new();
         for info in gguf.tensor_infos() {
-            match Role::from_gguf_name(&info.name) {
+            match TensorRole::from_gguf_name(&info.name) {
                 Some(role) => {
                     stored.insert(
                         role,
@@ -490,7 +490,7 @@ impl Checkpoint {
                 None => unexpected.push(info.name.clone()),
             }
         }
-        let tensors = verify_roles(&config, stored, unexpected, Role::gguf_name)?;
+        let tensors = verify_roles(&config, stored, unexpected, TensorRole::gguf_name)?;
         let tokenizer = TokenizerFiles::from_gguf(gguf.header(), &config)?;
         let name = path
             .file_name()
@@ -515,17 +515,17 @@ impl Checkpoint {
     }
 
     /// Every role this checkpoint can supply, in order (the LM head included even when tied).
-    pub fn roles(&self) -> Vec<Role> {
-        let mut roles: Vec<Role> = self.tensors.keys().copied().collect();
-        if !roles.contains(&Role::LmHead) {
-            roles.push(Role::LmHead);
+    pub fn roles(&self) -> Vec<TensorRole> {
+        let mut roles: Vec<TensorRole> = self.tensors.keys().copied().collect();
+        if !roles.contains(&TensorRole::LmHead) {
+            roles.push(TensorRole::LmHead);
             roles.sort();
         }
         roles
     }
 
     /// What is stored for `role` (the embedding's entry for a tied LM head).
-    pub fn meta(&self, role: Role) -> Result<&TensorMeta> {
+    pub fn meta(&self, role: TensorRole) -> Result<&TensorMeta> {
         let resolved = self.resolve(role);
         self.tensors
             .get(&resolved)
@@ -534,16 +534,16 @@ impl Checkpoint {
             })
     }
 
-    fn resolve(&self, role: Role) -> Role {
-        if role == Role::LmHead && self.config.tie_word_embeddings {
-            Role::Embedding
+    fn resolve(&self, role: TensorRole) -> TensorRole {
+        if role == TensorRole::LmHead && self.config.tie_word_embeddings {
+            TensorRole::Embedding
         } else {
             role
         }
     }
 
     /// Reads the tensor for `role` in Hugging Face layout.
-    pub fn tensor(&self, role: Role) -> Result<Tensor> {
+    pub fn tensor(&self, role: TensorRole) -> Result<Tensor> {
         let resolved = self.resolve(role);
         let meta = self.meta(role)?;
         let tensor = match &self.store {
@@ -563,16 +563,16 @@ impl Checkpoint {
 
 fn verify_roles(
     config: &ModelConfig,
-    mut stored: BTreeMap<Role, TensorMeta>,
+    mut stored: BTreeMap<TensorRole, TensorMeta>,
     mut unexpected: Vec<String>,
-    name_of: fn(Role) -> String,
-) -> Result<BTreeMap<Role, TensorMeta>> {
-    let required = Role::required(config);
+    name_of: fn(TensorRole) -> String,
+) -> Result<BTreeMap<TensorRole, TensorMeta>> {
+    let required = TensorRole::required(config);
     if config.tie_word_embeddings {
         // A tied checkpoint may still carry a copy of the LM head; the embedding is used.
-        stored.remove(&Role::LmHead);
+        stored.remove(&TensorRole::LmHead);
     }
-    let extra: Vec<Role> = stored
+    let extra: Vec<TensorRole> = stored
         .keys()
         .filter(|r| !required.contains(r))
         .copied()

@@ -16,8 +16,9 @@ use std::path::Path;
 use half::bf16;
 use tlaloc_artifact::{
     ArtifactError, ArtifactWriter, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
-    LadderError, LadderOptions, Manifest, PaddingContract, ProgramSignature, Provenance, Role,
-    SignatureMismatch, SourceCheckpoint, SourceFile, TensorSpec, TokenizerFiles,
+    LadderError, LadderOptions, Manifest, ManifestModel, ManifestRopeScaling, ManifestSourceFile,
+    ManifestTokenizer, OperandRole, PaddingContract, ProgramSignature, Provenance,
+    SignatureMismatch, SourceCheckpoint, TensorSpec,
 };
 use tlaloc_hlo::Module;
 
@@ -162,7 +163,7 @@ pub fn export(
     for (name, bytes) in checkpoint.tokenizer.files() {
         files.push(writer.write_tokenizer_file(name, bytes)?);
     }
-    let tokenizer = TokenizerFiles {
+    let tokenizer = ManifestTokenizer {
         files,
         chat_template: Some(checkpoint.tokenizer.chat_template().is_some()),
     };
@@ -241,7 +242,7 @@ fn signature_of(module: &Module, expected: &ProgramSignature) -> ProgramSignatur
             .iter()
             .find(|s| s.name == name)
             .map(|s| s.role.clone())
-            .unwrap_or(Role::Weight { slot: name.clone() });
+            .unwrap_or(OperandRole::Weight { slot: name.clone() });
         TensorSpec {
             role,
             dtype: graph::artifact_dtype(ty.dtype).unwrap_or(Dtype::U8),
@@ -288,8 +289,8 @@ fn signature_of(module: &Module, expected: &ProgramSignature) -> ProgramSignatur
 }
 
 /// The manifest's model section.
-fn artifact_model(c: &ModelConfig) -> tlaloc_artifact::ModelConfig {
-    tlaloc_artifact::ModelConfig {
+fn artifact_model(c: &ModelConfig) -> ManifestModel {
+    ManifestModel {
         architecture: c.architecture.hf_name().to_owned(),
         hidden_size: c.hidden_size,
         intermediate_size: c.intermediate_size,
@@ -302,13 +303,13 @@ fn artifact_model(c: &ModelConfig) -> tlaloc_artifact::ModelConfig {
         rope_theta: c.rope_theta,
         rope_scaling: match c.rope_scaling {
             RopeScaling::None => None,
-            RopeScaling::Linear { factor } => Some(tlaloc_artifact::RopeScaling::Linear { factor }),
+            RopeScaling::Linear { factor } => Some(ManifestRopeScaling::Linear { factor }),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
                 original_max_position_embeddings,
-            } => Some(tlaloc_artifact::RopeScaling::Llama3 {
+            } => Some(ManifestRopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
@@ -336,7 +337,7 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
                 .source
                 .files
                 .iter()
-                .map(|f| SourceFile {
+                .map(|f| ManifestSourceFile {
                     name: f.name.clone(),
                     sha256: f.sha256.clone(),
                 })

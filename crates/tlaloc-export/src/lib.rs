@@ -2,8 +2,8 @@
 //! writer.
 //!
 //! Ingestion: [`Checkpoint::open`] reads a Hugging Face directory or a `.gguf` file into a checked
-//! [`ModelConfig`], [`TokenizerFiles`] and tensors addressed by [`Role`]; [`describe`] renders
-//! what `tlaloc inspect` prints.
+//! [`ModelConfig`], [`TokenizerFiles`] and tensors addressed by [`TensorRole`]; [`describe`]
+//! renders what `tlaloc inspect` prints.
 
 #![forbid(unsafe_code)]
 
@@ -18,8 +18,8 @@ pub mod safetensors;
 pub mod tokenizer;
 
 pub use checkpoint::{
-    Checkpoint, LayerRole, Role, SourceFile, SourceInfo, SourceKind, Tensor, TensorData,
-    TensorMeta, describe,
+    Checkpoint, LayerRole, SourceFile, SourceInfo, SourceKind, Tensor, TensorData, TensorMeta,
+    TensorRole, describe,
 };
 pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
 pub use error::{IngestError, Result};

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use support::{golden_json, smollm2_gguf, workspace_root};
-use tlaloc_export::{Checkpoint, IngestError, Role};
+use tlaloc_export::{Checkpoint, IngestError, TensorRole};
 
 fn f32_sha256(values: &[f32]) -> String {
     let mut h = Sha256::new();
@@ -24,7 +24,7 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
     let hashes = golden["tensor_hashes"].as_object().expect("tensor_hashes");
     let mut bad = Vec::new();
     for (name, expected) in hashes {
-        let Some(role) = Role::from_hf_name(name) else {
+        let Some(role) = TensorRole::from_hf_name(name) else {
             bad.push(format!("{name}: no role for this golden tensor"));
             continue;
         };
@@ -247,13 +247,13 @@ fn qwen2_fixture_has_qkv_bias_and_tied_fixture_resolves_lm_head_to_embedding() {
     assert!(qwen.config.qkv_bias && !qwen.config.o_bias);
     assert!(
         qwen.roles()
-            .contains(&Role::Layer(1, tlaloc_export::LayerRole::KBias))
+            .contains(&TensorRole::Layer(1, tlaloc_export::LayerRole::KBias))
     );
     let tied = Checkpoint::open(fixtures.join("tiny-llama-tied")).unwrap();
     assert!(tied.config.tie_word_embeddings);
     assert_eq!(
-        tied.tensor(Role::LmHead).unwrap(),
-        tied.tensor(Role::Embedding).unwrap()
+        tied.tensor(TensorRole::LmHead).unwrap(),
+        tied.tensor(TensorRole::Embedding).unwrap()
     );
     assert!(
         tied.tokenizer.chat_template().is_some(),
@@ -594,7 +594,7 @@ fn synthetic_gguf_opens_and_q_rows_are_unpermuted() {
     let checkpoint = Checkpoint::open(&path).unwrap();
     assert!(checkpoint.config.tie_word_embeddings);
     let q = checkpoint
-        .tensor(Role::Layer(0, tlaloc_export::LayerRole::Q))
+        .tensor(TensorRole::Layer(0, tlaloc_export::LayerRole::Q))
         .unwrap()
         .to_f32();
     // Stored row r holds values 32r..32r+32 (times 0.25). With 2 heads of 16 rows, stored rows
@@ -602,7 +602,7 @@ fn synthetic_gguf_opens_and_q_rows_are_unpermuted() {
     assert_eq!(q[32], 2.0 * 32.0 * 0.25);
     assert_eq!(q[8 * 32], 32.0 * 0.25);
     let v = checkpoint
-        .tensor(Role::Layer(0, tlaloc_export::LayerRole::V))
+        .tensor(TensorRole::Layer(0, tlaloc_export::LayerRole::V))
         .unwrap()
         .to_f32();
     assert_eq!(v[32], 32.0 * 0.25, "V is not permuted");

@@ -7,9 +7,9 @@
 //! that PJRT plugins compile.
 //!
 //! ```
-//! use tlaloc_hlo::{DType, FunctionBuilder, TensorType};
+//! use tlaloc_hlo::{FunctionBuilder, ScalarType, TensorType};
 //! let mut f = FunctionBuilder::new("double");
-//! let x = f.arg(TensorType::new(DType::F32, [4]));
+//! let x = f.arg(TensorType::new(ScalarType::F32, [4]));
 //! let y = f.add(x, x)?;
 //! let text = f.finish(&[y])?.to_text();
 //! assert!(text.contains("stablehlo.add"));
@@ -34,4 +34,4 @@ pub use ops::{
     BinaryOp, CompareDirection, CompareType, DotDims, GatherSpec, Precision, ReduceOp, ScatterSpec,
     ScatterUpdate, UnaryOp,
 };
-pub use types::{DType, TensorType};
+pub use types::{ScalarType, TensorType};

@@ -8,7 +8,7 @@ use std::fmt;
 
 use half::{bf16, f16};
 
-use crate::types::DType;
+use crate::types::ScalarType;
 
 /// One element of a given type.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,79 +24,81 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    pub fn dtype(self) -> DType {
+    pub fn dtype(self) -> ScalarType {
         match self {
-            Scalar::F32(_) => DType::F32,
-            Scalar::Bf16(_) => DType::Bf16,
-            Scalar::F16(_) => DType::F16,
-            Scalar::I32(_) => DType::I32,
-            Scalar::I64(_) => DType::I64,
-            Scalar::I8(_) => DType::I8,
-            Scalar::U8(_) => DType::U8,
-            Scalar::Pred(_) => DType::Pred,
+            Scalar::F32(_) => ScalarType::F32,
+            Scalar::Bf16(_) => ScalarType::Bf16,
+            Scalar::F16(_) => ScalarType::F16,
+            Scalar::I32(_) => ScalarType::I32,
+            Scalar::I64(_) => ScalarType::I64,
+            Scalar::I8(_) => ScalarType::I8,
+            Scalar::U8(_) => ScalarType::U8,
+            Scalar::Pred(_) => ScalarType::Pred,
         }
     }
 
     /// `value` as an element of `dtype`: floats round to nearest; integers and `i1` must be
     /// represented exactly, otherwise `None`.
-    pub fn from_f64(dtype: DType, value: f64) -> Option<Scalar> {
+    pub fn from_f64(dtype: ScalarType, value: f64) -> Option<Scalar> {
         let integral = value.fract() == 0.0;
         let in_range = |lo: f64, hi: f64| integral && value >= lo && value <= hi;
         Some(match dtype {
-            DType::F32 => Scalar::F32(value as f32),
-            DType::Bf16 => Scalar::Bf16(bf16::from_f64(value)),
-            DType::F16 => Scalar::F16(f16::from_f64(value)),
-            DType::I32 if in_range(i32::MIN.into(), i32::MAX.into()) => Scalar::I32(value as i32),
+            ScalarType::F32 => Scalar::F32(value as f32),
+            ScalarType::Bf16 => Scalar::Bf16(bf16::from_f64(value)),
+            ScalarType::F16 => Scalar::F16(f16::from_f64(value)),
+            ScalarType::I32 if in_range(i32::MIN.into(), i32::MAX.into()) => {
+                Scalar::I32(value as i32)
+            }
             // i64::MAX is not an f64; 2^63 is the first value past the range.
-            DType::I64 if integral && value >= -(2f64.powi(63)) && value < 2f64.powi(63) => {
+            ScalarType::I64 if integral && value >= -(2f64.powi(63)) && value < 2f64.powi(63) => {
                 Scalar::I64(value as i64)
             }
-            DType::I8 if in_range(i8::MIN.into(), i8::MAX.into()) => Scalar::I8(value as i8),
-            DType::U8 if in_range(0.0, u8::MAX.into()) => Scalar::U8(value as u8),
-            DType::Pred if value == 0.0 || value == 1.0 => Scalar::Pred(value == 1.0),
+            ScalarType::I8 if in_range(i8::MIN.into(), i8::MAX.into()) => Scalar::I8(value as i8),
+            ScalarType::U8 if in_range(0.0, u8::MAX.into()) => Scalar::U8(value as u8),
+            ScalarType::Pred if value == 0.0 || value == 1.0 => Scalar::Pred(value == 1.0),
             _ => return None,
         })
     }
 
     /// The lowest value of the type (`-inf` for floats): the identity of `max`.
-    pub fn lowest(dtype: DType) -> Scalar {
+    pub fn lowest(dtype: ScalarType) -> Scalar {
         match dtype {
-            DType::F32 => Scalar::F32(f32::NEG_INFINITY),
-            DType::Bf16 => Scalar::Bf16(bf16::NEG_INFINITY),
-            DType::F16 => Scalar::F16(f16::NEG_INFINITY),
-            DType::I32 => Scalar::I32(i32::MIN),
-            DType::I64 => Scalar::I64(i64::MIN),
-            DType::I8 => Scalar::I8(i8::MIN),
-            DType::U8 => Scalar::U8(0),
-            DType::Pred => Scalar::Pred(false),
+            ScalarType::F32 => Scalar::F32(f32::NEG_INFINITY),
+            ScalarType::Bf16 => Scalar::Bf16(bf16::NEG_INFINITY),
+            ScalarType::F16 => Scalar::F16(f16::NEG_INFINITY),
+            ScalarType::I32 => Scalar::I32(i32::MIN),
+            ScalarType::I64 => Scalar::I64(i64::MIN),
+            ScalarType::I8 => Scalar::I8(i8::MIN),
+            ScalarType::U8 => Scalar::U8(0),
+            ScalarType::Pred => Scalar::Pred(false),
         }
     }
 
     /// The highest value of the type (`+inf` for floats): the identity of `min`.
-    pub fn highest(dtype: DType) -> Scalar {
+    pub fn highest(dtype: ScalarType) -> Scalar {
         match dtype {
-            DType::F32 => Scalar::F32(f32::INFINITY),
-            DType::Bf16 => Scalar::Bf16(bf16::INFINITY),
-            DType::F16 => Scalar::F16(f16::INFINITY),
-            DType::I32 => Scalar::I32(i32::MAX),
-            DType::I64 => Scalar::I64(i64::MAX),
-            DType::I8 => Scalar::I8(i8::MAX),
-            DType::U8 => Scalar::U8(u8::MAX),
-            DType::Pred => Scalar::Pred(true),
+            ScalarType::F32 => Scalar::F32(f32::INFINITY),
+            ScalarType::Bf16 => Scalar::Bf16(bf16::INFINITY),
+            ScalarType::F16 => Scalar::F16(f16::INFINITY),
+            ScalarType::I32 => Scalar::I32(i32::MAX),
+            ScalarType::I64 => Scalar::I64(i64::MAX),
+            ScalarType::I8 => Scalar::I8(i8::MAX),
+            ScalarType::U8 => Scalar::U8(u8::MAX),
+            ScalarType::Pred => Scalar::Pred(true),
         }
     }
 
     /// Zero of the type (`false` for `i1`).
-    pub fn zero(dtype: DType) -> Scalar {
+    pub fn zero(dtype: ScalarType) -> Scalar {
         match dtype {
-            DType::F32 => Scalar::F32(0.0),
-            DType::Bf16 => Scalar::Bf16(bf16::ZERO),
-            DType::F16 => Scalar::F16(f16::ZERO),
-            DType::I32 => Scalar::I32(0),
-            DType::I64 => Scalar::I64(0),
-            DType::I8 => Scalar::I8(0),
-            DType::U8 => Scalar::U8(0),
-            DType::Pred => Scalar::Pred(false),
+            ScalarType::F32 => Scalar::F32(0.0),
+            ScalarType::Bf16 => Scalar::Bf16(bf16::ZERO),
+            ScalarType::F16 => Scalar::F16(f16::ZERO),
+            ScalarType::I32 => Scalar::I32(0),
+            ScalarType::I64 => Scalar::I64(0),
+            ScalarType::I8 => Scalar::I8(0),
+            ScalarType::U8 => Scalar::U8(0),
+            ScalarType::Pred => Scalar::Pred(false),
         }
     }
 }
@@ -172,16 +174,16 @@ pub enum ConstData {
 }
 
 impl ConstData {
-    pub fn dtype(&self) -> DType {
+    pub fn dtype(&self) -> ScalarType {
         match self {
-            ConstData::F32(_) => DType::F32,
-            ConstData::Bf16(_) => DType::Bf16,
-            ConstData::F16(_) => DType::F16,
-            ConstData::I32(_) => DType::I32,
-            ConstData::I64(_) => DType::I64,
-            ConstData::I8(_) => DType::I8,
-            ConstData::U8(_) => DType::U8,
-            ConstData::Pred(_) => DType::Pred,
+            ConstData::F32(_) => ScalarType::F32,
+            ConstData::Bf16(_) => ScalarType::Bf16,
+            ConstData::F16(_) => ScalarType::F16,
+            ConstData::I32(_) => ScalarType::I32,
+            ConstData::I64(_) => ScalarType::I64,
+            ConstData::I8(_) => ScalarType::I8,
+            ConstData::U8(_) => ScalarType::U8,
+            ConstData::Pred(_) => ScalarType::Pred,
         }
     }
 

@@ -12,7 +12,7 @@ use crate::Value;
 use crate::builder::{Def, Op, ValueInfo};
 use crate::literal::{ConstData, Scalar};
 use crate::ops::{OpKind, ReduceBody, ReduceOp, ScatterUpdate};
-use crate::types::{DType, TensorType};
+use crate::types::{ScalarType, TensorType};
 
 /// One argument of `@main`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,9 +200,9 @@ impl<W: Write> Printer<'_, W> {
         &mut self,
         out: &str,
         name: &str,
-        args: &[(&str, DType)],
+        args: &[(&str, ScalarType)],
         attrs: &str,
-        result: DType,
+        result: ScalarType,
     ) -> fmt::Result {
         let names: Vec<&str> = args.iter().map(|(a, _)| *a).collect();
         let types: Vec<String> = args
@@ -218,7 +218,7 @@ impl<W: Write> Printer<'_, W> {
         )
     }
 
-    fn region_return(&mut self, values: &[(&str, DType)]) -> fmt::Result {
+    fn region_return(&mut self, values: &[(&str, ScalarType)]) -> fmt::Result {
         let names: Vec<&str> = values.iter().map(|(a, _)| *a).collect();
         let types: Vec<String> = values
             .iter()
@@ -233,7 +233,7 @@ impl<W: Write> Printer<'_, W> {
         write!(self.w, "    }})")
     }
 
-    fn region_header(&mut self, args: &[(&str, DType)]) -> fmt::Result {
+    fn region_header(&mut self, args: &[(&str, ScalarType)]) -> fmt::Result {
         let params: Vec<String> = args
             .iter()
             .map(|(a, t)| format!("{a}: {}", TensorType::scalar(*t)))
@@ -242,7 +242,7 @@ impl<W: Write> Printer<'_, W> {
         writeln!(self.w, "    ^bb0({}):", params.join(", "))
     }
 
-    fn reduce_region(&mut self, n: usize, t: DType, combiner: ReduceOp) -> fmt::Result {
+    fn reduce_region(&mut self, n: usize, t: ScalarType, combiner: ReduceOp) -> fmt::Result {
         let (a, b, out) = (format!("%r{n}_a"), format!("%r{n}_b"), format!("%r{n}_out"));
         let name = match combiner {
             ReduceOp::Sum => "add",
@@ -254,7 +254,7 @@ impl<W: Write> Printer<'_, W> {
         self.region_return(&[(&out, t)])
     }
 
-    fn scatter_region(&mut self, n: usize, t: DType, update: ScatterUpdate) -> fmt::Result {
+    fn scatter_region(&mut self, n: usize, t: ScalarType, update: ScatterUpdate) -> fmt::Result {
         let (old, new, sum) = (
             format!("%r{n}_old"),
             format!("%r{n}_new"),
@@ -273,11 +273,11 @@ impl<W: Write> Printer<'_, W> {
     /// The (value, index) combiner: `a` wins when it is greater, or NaN against a number, or
     /// tied (equal, or both NaN) with a lower index. It is associative and commutative, so
     /// any reduction order XLA picks yields the first index of the maximum.
-    fn argmax_region(&mut self, n: usize, t: DType, it: DType) -> fmt::Result {
+    fn argmax_region(&mut self, n: usize, t: ScalarType, it: ScalarType) -> fmt::Result {
         let v = |s: &str| format!("%r{n}_{s}");
         let (av, ai, bv, bi) = (v("av"), v("ai"), v("bv"), v("bi"));
-        let p = DType::Pred;
-        let cmp = |dir: &str, ty: DType| {
+        let p = ScalarType::Pred;
+        let cmp = |dir: &str, ty: ScalarType| {
             let ct = crate::ops::CompareType::for_dtype(ty).mlir_name();
             format!(
                 " {{compare_type = #stablehlo<comparison_type {ct}>, comparison_direction = #stablehlo<comparison_direction {dir}>}}"

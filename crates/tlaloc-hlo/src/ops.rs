@@ -4,7 +4,7 @@
 use crate::builder::{FunctionBuilder, Value};
 use crate::error::{HloError, invalid};
 use crate::literal::{ConstData, Scalar};
-use crate::types::{DType, TensorType};
+use crate::types::{ScalarType, TensorType};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnaryOp {
@@ -34,14 +34,14 @@ impl UnaryOp {
         }
     }
 
-    fn accepts(self, t: DType) -> (bool, &'static str) {
+    fn accepts(self, t: ScalarType) -> (bool, &'static str) {
         match self {
             UnaryOp::Neg => (t.is_numeric(), "a float or integer type"),
             UnaryOp::Abs => (
                 t.is_float() || t.is_signed_int(),
                 "a float or signed integer type",
             ),
-            UnaryOp::Not => (t.is_int() || t == DType::Pred, "an integer type or i1"),
+            UnaryOp::Not => (t.is_int() || t == ScalarType::Pred, "an integer type or i1"),
             _ => (t.is_float(), "a float type (f32, bf16, f16)"),
         }
     }
@@ -75,10 +75,10 @@ impl BinaryOp {
         }
     }
 
-    fn accepts(self, t: DType) -> (bool, &'static str) {
+    fn accepts(self, t: ScalarType) -> (bool, &'static str) {
         match self {
             BinaryOp::And | BinaryOp::Or => {
-                (t.is_int() || t == DType::Pred, "an integer type or i1")
+                (t.is_int() || t == ScalarType::Pred, "an integer type or i1")
             }
             _ => (t.is_numeric(), "a float or integer type"),
         }
@@ -125,7 +125,7 @@ impl CompareType {
     }
 
     /// The comparison type StableHLO requires for `dtype`.
-    pub fn for_dtype(dtype: DType) -> CompareType {
+    pub fn for_dtype(dtype: ScalarType) -> CompareType {
         if dtype.is_float() {
             CompareType::Float
         } else if dtype.is_signed_int() {
@@ -557,7 +557,7 @@ impl FunctionBuilder {
                 compare_type,
             },
             vec![a, b],
-            t.with_dtype(DType::Pred),
+            t.with_dtype(ScalarType::Pred),
         ))
     }
 
@@ -570,12 +570,12 @@ impl FunctionBuilder {
     ) -> Result<Value, HloError> {
         let tp = self.check_value("select", pred)?.clone();
         let t = self.same_type("select", on_true, on_false)?;
-        if tp.dtype != DType::Pred || !(tp.dims == t.dims || tp.rank() == 0) {
+        if tp.dtype != ScalarType::Pred || !(tp.dims == t.dims || tp.rank() == 0) {
             return Err(invalid(
                 "select",
                 format!(
                     "predicate has type {tp}; it must be {} or tensor<i1> for branches of type {t}",
-                    t.with_dtype(DType::Pred)
+                    t.with_dtype(ScalarType::Pred)
                 ),
             ));
         }
@@ -601,7 +601,7 @@ impl FunctionBuilder {
     }
 
     /// `stablehlo.convert` to another element type.
-    pub fn convert(&mut self, x: Value, dtype: DType) -> Result<Value, HloError> {
+    pub fn convert(&mut self, x: Value, dtype: ScalarType) -> Result<Value, HloError> {
         let t = self.check_value("convert", x)?.with_dtype(dtype);
         Ok(self.push_op1(OpKind::Convert, vec![x], t))
     }
@@ -894,7 +894,7 @@ impl FunctionBuilder {
         rhs: Value,
         dims: &DotDims,
         precision: Option<Precision>,
-        result_dtype: Option<DType>,
+        result_dtype: Option<ScalarType>,
     ) -> Result<Value, HloError> {
         const OP: &str = "dot_general";
         let tl = self.check_value(OP, lhs)?.clone();
@@ -1094,7 +1094,7 @@ impl FunctionBuilder {
         &mut self,
         x: Value,
         axis: usize,
-        index_dtype: DType,
+        index_dtype: ScalarType,
     ) -> Result<(Value, Value), HloError> {
         const OP: &str = "reduce";
         let t = self.check_value(OP, x)?.clone();
@@ -1104,7 +1104,7 @@ impl FunctionBuilder {
                 format!("argmax operand {t} must be a float or integer tensor"),
             ));
         }
-        if !matches!(index_dtype, DType::I32 | DType::I64) {
+        if !matches!(index_dtype, ScalarType::I32 | ScalarType::I64) {
             return Err(invalid(
                 OP,
                 format!("argmax index type {index_dtype} refused; use i32 or i64"),

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// The element types the builder can produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DType {
+pub enum ScalarType {
     F32,
     Bf16,
     F16,
@@ -16,43 +16,43 @@ pub enum DType {
     Pred,
 }
 
-impl DType {
+impl ScalarType {
     /// Every supported element type, in a fixed order.
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::Bf16,
-        DType::F16,
-        DType::I32,
-        DType::I64,
-        DType::I8,
-        DType::U8,
-        DType::Pred,
+    pub const ALL: [ScalarType; 8] = [
+        ScalarType::F32,
+        ScalarType::Bf16,
+        ScalarType::F16,
+        ScalarType::I32,
+        ScalarType::I64,
+        ScalarType::I8,
+        ScalarType::U8,
+        ScalarType::Pred,
     ];
 
     /// The MLIR spelling (`f32`, `bf16`, `ui8`, `i1`, ...).
     pub fn mlir_name(self) -> &'static str {
         match self {
-            DType::F32 => "f32",
-            DType::Bf16 => "bf16",
-            DType::F16 => "f16",
-            DType::I32 => "i32",
-            DType::I64 => "i64",
-            DType::I8 => "i8",
-            DType::U8 => "ui8",
-            DType::Pred => "i1",
+            ScalarType::F32 => "f32",
+            ScalarType::Bf16 => "bf16",
+            ScalarType::F16 => "f16",
+            ScalarType::I32 => "i32",
+            ScalarType::I64 => "i64",
+            ScalarType::I8 => "i8",
+            ScalarType::U8 => "ui8",
+            ScalarType::Pred => "i1",
         }
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::Bf16 | DType::F16)
+        matches!(self, ScalarType::F32 | ScalarType::Bf16 | ScalarType::F16)
     }
 
     pub fn is_signed_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64 | DType::I8)
+        matches!(self, ScalarType::I32 | ScalarType::I64 | ScalarType::I8)
     }
 
     pub fn is_unsigned_int(self) -> bool {
-        matches!(self, DType::U8)
+        matches!(self, ScalarType::U8)
     }
 
     pub fn is_int(self) -> bool {
@@ -67,15 +67,15 @@ impl DType {
     /// Size of one element in bytes as PJRT stores it (`i1` takes a byte).
     pub fn byte_size(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::Bf16 | DType::F16 => 2,
-            DType::I64 => 8,
-            DType::I8 | DType::U8 | DType::Pred => 1,
+            ScalarType::F32 | ScalarType::I32 => 4,
+            ScalarType::Bf16 | ScalarType::F16 => 2,
+            ScalarType::I64 => 8,
+            ScalarType::I8 | ScalarType::U8 | ScalarType::Pred => 1,
         }
     }
 }
 
-impl fmt::Display for DType {
+impl fmt::Display for ScalarType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.mlir_name())
     }
@@ -84,19 +84,19 @@ impl fmt::Display for DType {
 /// A ranked tensor type with static dimensions; rank 0 is a scalar.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TensorType {
-    pub dtype: DType,
+    pub dtype: ScalarType,
     pub dims: Vec<usize>,
 }
 
 impl TensorType {
-    pub fn new(dtype: DType, dims: impl Into<Vec<usize>>) -> Self {
+    pub fn new(dtype: ScalarType, dims: impl Into<Vec<usize>>) -> Self {
         TensorType {
             dtype,
             dims: dims.into(),
         }
     }
 
-    pub fn scalar(dtype: DType) -> Self {
+    pub fn scalar(dtype: ScalarType) -> Self {
         TensorType {
             dtype,
             dims: Vec::new(),
@@ -113,7 +113,7 @@ impl TensorType {
     }
 
     /// The same dims with another element type.
-    pub fn with_dtype(&self, dtype: DType) -> Self {
+    pub fn with_dtype(&self, dtype: ScalarType) -> Self {
         TensorType {
             dtype,
             dims: self.dims.clone(),

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
-use tlaloc_artifact::{Artifact, ArtifactError, Dtype, Entry, Role, StepInput};
+use tlaloc_artifact::{Artifact, ArtifactError, Dtype, Entry, OperandRole, StepInput};
 use tlaloc_pjrt::discovery::{self, PluginRequest};
 use tlaloc_pjrt::{
     Buffer, Client, ClientOptions, CompileOptions, Device, ElementType, ExecuteArg, GpuOptions,
@@ -669,13 +669,13 @@ fn arg_plan(
             role if StepInput::from_role(role).is_some() => {
                 Source::Step(StepInput::from_role(role).expect("matched"))
             }
-            Role::Weight { slot } => {
+            OperandRole::Weight { slot } => {
                 Source::Weight(*weight_index.get(slot.as_str()).ok_or_else(|| {
                     unsupported(format!("weight slot {slot} is not in the manifest"))
                 })?)
             }
-            Role::KPool { layer } if *layer < num_layers => Source::Pool(2 * layer),
-            Role::VPool { layer } if *layer < num_layers => Source::Pool(2 * layer + 1),
+            OperandRole::KPool { layer } if *layer < num_layers => Source::Pool(2 * layer),
+            OperandRole::VPool { layer } if *layer < num_layers => Source::Pool(2 * layer + 1),
             other => {
                 return Err(unsupported(format!(
                     "input {} has role {other:?}",
@@ -690,11 +690,11 @@ fn arg_plan(
     let mut pool_outputs = vec![usize::MAX; 2 * num_layers];
     for (i, spec) in signature.outputs.iter().enumerate() {
         match &spec.role {
-            Role::Logits => logits = Some(i),
-            Role::NextTokens => next_tokens = Some(i),
-            Role::NextTokenIds => next_token_ids = Some(i),
-            Role::KPool { layer } if *layer < num_layers => pool_outputs[2 * layer] = i,
-            Role::VPool { layer } if *layer < num_layers => pool_outputs[2 * layer + 1] = i,
+            OperandRole::Logits => logits = Some(i),
+            OperandRole::NextTokens => next_tokens = Some(i),
+            OperandRole::NextTokenIds => next_token_ids = Some(i),
+            OperandRole::KPool { layer } if *layer < num_layers => pool_outputs[2 * layer] = i,
+            OperandRole::VPool { layer } if *layer < num_layers => pool_outputs[2 * layer + 1] = i,
             other => {
                 return Err(unsupported(format!(
                     "output {} has role {other:?}",

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tlaloc_artifact::{
     Artifact, ArtifactWriter, Dtype, Entry, EntryKind, FORMAT_VERSION, KvCacheLayout, Ladder,
-    Manifest, ModelConfig, PaddingContract, ProgramSignature, Provenance, RopeScaling,
-    SourceCheckpoint, SourceFile, TokenizerFiles,
+    Manifest, ManifestModel, ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer,
+    PaddingContract, ProgramSignature, Provenance, SourceCheckpoint,
 };
 
 pub const DECODE_BODY: &str =
@@ -26,8 +26,8 @@ pub fn ladder() -> Ladder {
     }
 }
 
-fn model() -> ModelConfig {
-    ModelConfig {
+fn model() -> ManifestModel {
+    ManifestModel {
         architecture: "LlamaForCausalLM".into(),
         hidden_size: 4,
         intermediate_size: 8,
@@ -38,7 +38,7 @@ fn model() -> ModelConfig {
         vocab_size: 10,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
-        rope_scaling: Some(RopeScaling::Llama3 {
+        rope_scaling: Some(ManifestRopeScaling::Llama3 {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
@@ -99,14 +99,14 @@ pub fn write(dir: &Path) -> Written {
         entries: Vec::new(),
         padding: PaddingContract::CONTRACT,
         weights: weight_entries,
-        tokenizer: TokenizerFiles {
+        tokenizer: ManifestTokenizer {
             files: vec![tokenizer_file],
             chat_template: None,
         },
         provenance: Provenance {
             source: SourceCheckpoint {
                 kind: "safetensors".into(),
-                files: vec![SourceFile {
+                files: vec![ManifestSourceFile {
                     name: "model.safetensors".into(),
                     sha256: "0".repeat(64),
                 }],

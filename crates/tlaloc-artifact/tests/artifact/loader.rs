@@ -5,7 +5,8 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 use tlaloc_artifact::{
-    Artifact, ArtifactError, IntegrityProblem, LadderError, MANIFEST_FILE, ProgramSignature, Role,
+    Artifact, ArtifactError, IntegrityProblem, LadderError, MANIFEST_FILE, OperandRole,
+    ProgramSignature,
 };
 
 use crate::fixture::{self, DECODE_BODY, PREFILL_BODY, TOKENIZER_JSON};
@@ -70,7 +71,7 @@ fn entries_are_found_through_the_ladder() {
     assert_eq!((entry.batch, entry.tokens, entry.context), (2, 1, 32));
     let program = written.artifact.program(&entry.name).expect("program");
     let tables = &program.inputs[2];
-    assert_eq!(tables.role, Role::BlockTables);
+    assert_eq!(tables.role, OperandRole::BlockTables);
     assert_eq!(tables.dims, vec![2, 32 / 8]);
 }
 

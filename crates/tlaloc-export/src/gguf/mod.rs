@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 pub use dequant::{ACCEPTED_TYPES, GgmlType, dequantize};
 pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
 
-use crate::checkpoint::{LayerRole, Role, Tensor, TensorData};
+use crate::checkpoint::{LayerRole, Tensor, TensorData, TensorRole};
 use crate::config::{Architecture, ModelConfig, RopeScaling, unsupported};
 use crate::error::{IngestError, Result, io_error};
 use crate::mapped::map_file;
@@ -62,7 +62,7 @@ impl GgufCheckpoint {
     }
 
     /// Reads tensor `name` (playing `role`) dequantized, in Hugging Face layout.
-    pub fn read(&self, name: &str, role: Role) -> Result<Tensor> {
+    pub fn read(&self, name: &str, role: TensorRole) -> Result<Tensor> {
         let info = self
             .header
             .tensors
@@ -82,10 +82,10 @@ impl GgufCheckpoint {
         // llama.cpp's converter permutes Q and K rows of Llama-architecture files only.
         if self.arch == "llama" {
             let heads = match role {
-                Role::Layer(_, LayerRole::Q | LayerRole::QBias) => {
+                TensorRole::Layer(_, LayerRole::Q | LayerRole::QBias) => {
                     Some(self.config.num_attention_heads)
                 }
-                Role::Layer(_, LayerRole::K | LayerRole::KBias) => {
+                TensorRole::Layer(_, LayerRole::K | LayerRole::KBias) => {
                     Some(self.config.num_key_value_heads)
                 }
                 _ => None,

@@ -40,11 +40,11 @@ use std::collections::BTreeMap;
 use tlaloc_artifact::step::{self, StepInput};
 use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint};
 use tlaloc_hlo::{
-    CompareDirection, DType, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision,
-    Scalar, ScatterSpec, ScatterUpdate, TensorType, Value,
+    CompareDirection, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision, Scalar,
+    ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
 };
 
-use crate::checkpoint::{LayerRole, Role};
+use crate::checkpoint::{LayerRole, TensorRole};
 use crate::config::ModelConfig;
 
 /// Where the bytes of a weight slot come from.
@@ -52,7 +52,7 @@ use crate::config::ModelConfig;
 pub enum SlotSource {
     /// The rows of these checkpoint tensors (Hugging Face layout) concatenated along dimension
     /// 0, in order: one tensor for most slots, q/k/v or gate/up for the fused projections.
-    Rows(Vec<Role>),
+    Rows(Vec<TensorRole>),
     /// The RoPE cosine table `[maxContext, headDim]`.
     RopeCos,
     /// The RoPE sine table `[maxContext, headDim]`.
@@ -123,7 +123,7 @@ impl WeightPlan {
     pub fn new(config: &ModelConfig, dtype: Dtype, rope_positions: usize) -> WeightPlan {
         let c = config;
         let mut slots = Vec::new();
-        let mut push = |name: String, roles: Vec<Role>| {
+        let mut push = |name: String, roles: Vec<TensorRole>| {
             let mut dims = roles[0].expected_dims(c);
             dims[0] = roles.iter().map(|r| r.expected_dims(c)[0]).sum();
             let dtype = if dims.len() == 1 { Dtype::F32 } else { dtype };
@@ -134,17 +134,17 @@ impl WeightPlan {
                 dims,
             });
         };
-        push(EMBEDDING_SLOT.into(), vec![Role::Embedding]);
+        push(EMBEDDING_SLOT.into(), vec![TensorRole::Embedding]);
         let per_layer = layer_slots(c);
         for layer in 0..c.num_hidden_layers {
             for (name, roles) in &per_layer {
-                let roles = roles.iter().map(|&r| Role::Layer(layer, r)).collect();
+                let roles = roles.iter().map(|&r| TensorRole::Layer(layer, r)).collect();
                 push(layer_slot(layer, name), roles);
             }
         }
-        push(FINAL_NORM_SLOT.into(), vec![Role::FinalNorm]);
+        push(FINAL_NORM_SLOT.into(), vec![TensorRole::FinalNorm]);
         if !c.tie_word_embeddings {
-            push(LM_HEAD_SLOT.into(), vec![Role::LmHead]);
+            push(LM_HEAD_SLOT.into(), vec![TensorRole::LmHead]);
         }
         for (name, source) in [
             (ROPE_COS_SLOT, SlotSource::RopeCos),
@@ -185,10 +185,10 @@ pub enum GraphError {
     },
 }
 
-fn hlo_dtype(dtype: Dtype) -> Result<DType, GraphError> {
+fn hlo_dtype(dtype: Dtype) -> Result<ScalarType, GraphError> {
     match dtype {
-        Dtype::F32 => Ok(DType::F32),
-        Dtype::Bf16 => Ok(DType::Bf16),
+        Dtype::F32 => Ok(ScalarType::F32),
+        Dtype::Bf16 => Ok(ScalarType::Bf16),
         other => Err(GraphError::UnsupportedDtype(other)),
     }
 }
@@ -222,13 +222,13 @@ struct Graph {
     f: FunctionBuilder,
     weights: BTreeMap<String, Value>,
     /// Element type of the matrix weights.
-    matrix: DType,
+    matrix: ScalarType,
     /// Element type of the KV pools.
-    pool: DType,
+    pool: ScalarType,
 }
 
 fn f32_ty(dims: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, dims.to_vec())
+    TensorType::new(ScalarType::F32, dims.to_vec())
 }
 
 impl Graph {
@@ -246,15 +246,15 @@ impl Graph {
         Ok(self.f.ty(v)?.dims.clone())
     }
 
-    fn precision(&self, dtype: DType) -> Option<Precision> {
-        (dtype == DType::F32).then_some(Precision::Highest)
+    fn precision(&self, dtype: ScalarType) -> Option<Precision> {
+        (dtype == ScalarType::F32).then_some(Precision::Highest)
     }
 
     /// `x [N, in] f32` times the `[out, in]` weight `slot`, plus the optional f32 bias;
     /// returns `[N, out]` f32.
     fn linear(&mut self, x: Value, slot: &str, bias: Option<&str>) -> Result<Value, HloError> {
         let w = self.weight(slot)?;
-        let x = if self.matrix == DType::F32 {
+        let x = if self.matrix == ScalarType::F32 {
             x
         } else {
             self.f.convert(x, self.matrix)?
@@ -264,15 +264,15 @@ impl Graph {
             (d[0], d[1])
         };
         let out = self.dims(w)?[0];
-        let y = if n == 1 && self.matrix != DType::F32 {
+        let y = if n == 1 && self.matrix != ScalarType::F32 {
             // One row against a low-precision matrix: multiply and reduce in f32 instead of a
             // dot. XLA GPU runs this as a reduction fusion that streams the weight at a higher
             // fraction of memory bandwidth than its GEMM for M = 1 (scripts/gpu/matvec_probe.py);
             // the products are the same bf16 x bf16 values accumulated in f32.
-            let x = self.f.convert(x, DType::F32)?;
+            let x = self.f.convert(x, ScalarType::F32)?;
             let x = self.f.reshape(x, [inner])?;
             let x = self.f.broadcast_in_dim(x, [out, inner], [1])?;
-            let w = self.f.convert(w, DType::F32)?;
+            let w = self.f.convert(w, ScalarType::F32)?;
             let products = self.f.mul(x, w)?;
             let y = self.f.reduce_sum(products, [1])?;
             self.f.reshape(y, [1, out])?
@@ -284,7 +284,7 @@ impl Graph {
             };
             let precision = self.precision(self.matrix);
             self.f
-                .dot_general(x, w, &dims, precision, Some(DType::F32))?
+                .dot_general(x, w, &dims, precision, Some(ScalarType::F32))?
         };
         match bias {
             None => Ok(y),
@@ -332,7 +332,7 @@ impl Graph {
 
     /// `x` in the pool dtype (unchanged when the pools are f32).
     fn in_pool_dtype(&mut self, x: Value) -> Result<Value, HloError> {
-        if self.pool == DType::F32 {
+        if self.pool == ScalarType::F32 {
             Ok(x)
         } else {
             self.f.convert(x, self.pool)
@@ -383,7 +383,7 @@ fn build(
     let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     let groups = heads / kv_heads;
     let hidden = c.hidden_size;
-    let i32_ty = |dims: &[usize]| TensorType::new(DType::I32, dims.to_vec());
+    let i32_ty = |dims: &[usize]| TensorType::new(ScalarType::I32, dims.to_vec());
 
     // The step inputs as the artifact's step contract declares them (names, dims, i32).
     let mut step_arg = |input: StepInput| {
@@ -419,8 +419,8 @@ fn build(
     let flat_ids = g.f.reshape(token_ids, [n])?;
     let embedding = g.weight(EMBEDDING_SLOT)?;
     let mut h = g.gather_rows(embedding, flat_ids)?;
-    if g.matrix != DType::F32 {
-        h = g.f.convert(h, DType::F32)?;
+    if g.matrix != ScalarType::F32 {
+        h = g.f.convert(h, ScalarType::F32)?;
     }
     let flat_positions = g.f.reshape(inputs.positions, [n])?;
     let cos_table = g.weight(ROPE_COS_SLOT)?;
@@ -437,7 +437,7 @@ fn build(
     let causal = g.f.compare(key_index, CompareDirection::Le, position_b)?;
     let live = g.f.compare(key_index, CompareDirection::Lt, seq_len_b)?;
     let mask = g.f.and(causal, live)?;
-    let masked_value = g.f.splat(Scalar::lowest(DType::F32), scores_dims)?;
+    let masked_value = g.f.splat(Scalar::lowest(ScalarType::F32), scores_dims)?;
     let scale = g.f.full(&f32_ty(&scores_dims), (d as f64).powf(-0.5))?;
 
     // q and k heads side by side get RoPE together: one broadcast of the tables per step.
@@ -492,7 +492,7 @@ fn build(
                 rhs_contract: vec![3],
             },
             attention_precision,
-            Some(DType::F32),
+            Some(ScalarType::F32),
         )?;
         let scores = g.f.mul(scores, scale)?;
         let scores = g.f.select(mask, scores, masked_value)?;
@@ -515,7 +515,7 @@ fn build(
                 rhs_contract: vec![1],
             },
             attention_precision,
-            Some(DType::F32),
+            Some(ScalarType::F32),
         )?;
         let attended = g.f.transpose(attended, [0, 2, 1, 3, 4])?;
         let attended = g.f.reshape(attended, [n, heads * d])?;
@@ -572,7 +572,7 @@ fn build(
         LM_HEAD_SLOT
     };
     let logits = g.linear(last, head, None)?;
-    let (_, next_tokens) = g.f.argmax(logits, 1, DType::I32)?;
+    let (_, next_tokens) = g.f.argmax(logits, 1, ScalarType::I32)?;
     let next_token_ids = g.f.reshape(next_tokens, [b, 1])?;
 
     let mut results = vec![logits, next_tokens, next_token_ids];
@@ -632,26 +632,26 @@ fn write_and_read_pages(
     Ok((updated, read))
 }
 
-fn hlo_dtype_unchecked(dtype: Dtype) -> DType {
+fn hlo_dtype_unchecked(dtype: Dtype) -> ScalarType {
     match dtype {
-        Dtype::F32 => DType::F32,
-        Dtype::Bf16 => DType::Bf16,
-        Dtype::F16 => DType::F16,
-        Dtype::I32 => DType::I32,
-        Dtype::I8 => DType::I8,
-        Dtype::U8 => DType::U8,
+        Dtype::F32 => ScalarType::F32,
+        Dtype::Bf16 => ScalarType::Bf16,
+        Dtype::F16 => ScalarType::F16,
+        Dtype::I32 => ScalarType::I32,
+        Dtype::I8 => ScalarType::I8,
+        Dtype::U8 => ScalarType::U8,
     }
 }
 
 /// The artifact dtype of a builder type, for signatures read off a built module.
-pub fn artifact_dtype(dtype: DType) -> Option<Dtype> {
+pub fn artifact_dtype(dtype: ScalarType) -> Option<Dtype> {
     Some(match dtype {
-        DType::F32 => Dtype::F32,
-        DType::Bf16 => Dtype::Bf16,
-        DType::F16 => Dtype::F16,
-        DType::I32 => Dtype::I32,
-        DType::I8 => Dtype::I8,
-        DType::U8 => Dtype::U8,
-        DType::I64 | DType::Pred => return None,
+        ScalarType::F32 => Dtype::F32,
+        ScalarType::Bf16 => Dtype::Bf16,
+        ScalarType::F16 => Dtype::F16,
+        ScalarType::I32 => Dtype::I32,
+        ScalarType::I8 => Dtype::I8,
+        ScalarType::U8 => Dtype::U8,
+        ScalarType::I64 | ScalarType::Pred => return None,
     })
 }

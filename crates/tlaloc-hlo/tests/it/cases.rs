@@ -2,7 +2,7 @@
 //! The snapshot test prints each program; the execution test runs each on every CPU plugin.
 
 use tlaloc_hlo::{
-    CompareDirection as Dir, DType, DotDims, FunctionBuilder, GatherSpec, Precision, ReduceOp,
+    CompareDirection as Dir, DotDims, FunctionBuilder, GatherSpec, Precision, ReduceOp, ScalarType,
     ScatterSpec, ScatterUpdate, TensorType, Value, bf16, f16,
 };
 
@@ -116,8 +116,12 @@ pub fn constants() -> Case {
 pub fn splat_and_full() -> Case {
     let mut f = FunctionBuilder::new("splat_and_full");
     let a = f.splat(-1.5f32, [2, 2]).unwrap();
-    let b = f.full(&TensorType::new(DType::Bf16, [3]), 0.1).unwrap();
-    let c = f.full(&TensorType::new(DType::I64, [2]), -3.0).unwrap();
+    let b = f
+        .full(&TensorType::new(ScalarType::Bf16, [3]), 0.1)
+        .unwrap();
+    let c = f
+        .full(&TensorType::new(ScalarType::I64, [2]), -3.0)
+        .unwrap();
     let d = f.splat(true, [2]).unwrap();
     let e = f.scalar(f32::NEG_INFINITY);
     let outputs = vec![
@@ -132,8 +136,8 @@ pub fn splat_and_full() -> Case {
 
 pub fn iota() -> Case {
     let mut f = FunctionBuilder::new("iota");
-    let a = f.iota(TensorType::new(DType::I32, [3, 4]), 1).unwrap();
-    let b = f.iota(TensorType::new(DType::F32, [2, 3]), 0).unwrap();
+    let a = f.iota(TensorType::new(ScalarType::I32, [3, 4]), 1).unwrap();
+    let b = f.iota(TensorType::new(ScalarType::F32, [2, 3]), 0).unwrap();
     let dims_a = [3, 4];
     let dims_b = [2, 3];
     let outputs = vec![
@@ -479,16 +483,16 @@ pub fn convert() -> Case {
     let (tx, tb, ti) = (t([12], x.clone()), t([2], b.clone()), t([2], i.clone()));
     let mut f = FunctionBuilder::new("convert");
     let (xv, bv, iv) = (arg(&mut f, &tx), arg(&mut f, &tb), arg(&mut f, &ti));
-    let to_bf16 = f.convert(xv, DType::Bf16).unwrap();
-    let back = f.convert(to_bf16, DType::F32).unwrap();
+    let to_bf16 = f.convert(xv, ScalarType::Bf16).unwrap();
+    let back = f.convert(to_bf16, ScalarType::F32).unwrap();
     let outs = [
         to_bf16,
         back,
-        f.convert(xv, DType::F16).unwrap(),
-        f.convert(xv, DType::I32).unwrap(),
-        f.convert(bv, DType::F32).unwrap(),
-        f.convert(iv, DType::F32).unwrap(),
-        f.convert(iv, DType::I64).unwrap(),
+        f.convert(xv, ScalarType::F16).unwrap(),
+        f.convert(xv, ScalarType::I32).unwrap(),
+        f.convert(bv, ScalarType::F32).unwrap(),
+        f.convert(iv, ScalarType::F32).unwrap(),
+        f.convert(iv, ScalarType::I64).unwrap(),
     ];
     let bf: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
     let expected = vec![
@@ -677,7 +681,7 @@ pub fn dot_general_bf16_to_f32() -> Case {
         ..DotDims::default()
     };
     let out = f
-        .dot_general(a, b, &dims, Some(Precision::Highest), Some(DType::F32))
+        .dot_general(a, b, &dims, Some(Precision::Highest), Some(ScalarType::F32))
         .unwrap();
     let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
     let (od, o) = dot_reference(&widen(&l), &[2, 8], &widen(&r), &[8, 3], &dims);
@@ -789,7 +793,7 @@ pub fn argmax_f32() -> Case {
     let tx = t([5, 8], x.clone());
     let mut f = FunctionBuilder::new("argmax_f32");
     let a = arg(&mut f, &tx);
-    let (values, indices) = f.argmax(a, 1, DType::I32).unwrap();
+    let (values, indices) = f.argmax(a, 1, ScalarType::I32).unwrap();
     let (vals, idx): (Vec<f32>, Vec<i32>) = x.chunks(8).map(first_argmax).unzip();
     exact(
         f.finish(&[values, indices]).unwrap(),
@@ -805,7 +809,7 @@ pub fn argmax_i32() -> Case {
     let tx = t([4, 6], x.clone());
     let mut f = FunctionBuilder::new("argmax_i32");
     let a = arg(&mut f, &tx);
-    let (values, indices) = f.argmax(a, 0, DType::I64).unwrap();
+    let (values, indices) = f.argmax(a, 0, ScalarType::I64).unwrap();
     let col = |j: usize| (0..4).map(|i| x[i * 6 + j]).collect::<Vec<_>>();
     let vals: Vec<i32> = (0..6).map(|j| *col(j).iter().max().unwrap()).collect();
     let idx: Vec<i64> = (0..6)

@@ -1,11 +1,11 @@
 //! Every malformed op is refused when built, with an error naming the op and the mismatch.
 
 use tlaloc_hlo::{
-    CompareDirection, CompareType, DType, DotDims, FunctionBuilder, GatherSpec, HloError,
-    Precision, ReduceOp, ScatterSpec, ScatterUpdate, TensorType, Value,
+    CompareDirection, CompareType, DotDims, FunctionBuilder, GatherSpec, HloError, Precision,
+    ReduceOp, ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
 };
 
-fn ty(dtype: DType, dims: &[usize]) -> TensorType {
+fn ty(dtype: ScalarType, dims: &[usize]) -> TensorType {
     TensorType::new(dtype, dims)
 }
 
@@ -45,27 +45,27 @@ fn two_args(a: TensorType, b: TensorType) -> (FunctionBuilder, Value, Value) {
 
 #[test]
 fn elementwise_refuses_mismatched_or_unsuited_types() {
-    let (mut f, x, y) = two_args(ty(DType::F32, &[2, 3]), ty(DType::F32, &[3, 2]));
+    let (mut f, x, y) = two_args(ty(ScalarType::F32, &[2, 3]), ty(ScalarType::F32, &[3, 2]));
     refused(f.add(x, y), "add", &["tensor<2x3xf32>", "tensor<3x2xf32>"]);
-    let (mut f, x, y) = two_args(ty(DType::F32, &[2]), ty(DType::Bf16, &[2]));
+    let (mut f, x, y) = two_args(ty(ScalarType::F32, &[2]), ty(ScalarType::Bf16, &[2]));
     refused(f.mul(x, y), "multiply", &["tensor<2xbf16>"]);
-    let (mut f, i, p) = two_args(ty(DType::I32, &[2]), ty(DType::Pred, &[2]));
+    let (mut f, i, p) = two_args(ty(ScalarType::I32, &[2]), ty(ScalarType::Pred, &[2]));
     refused(f.exp(i), "exponential", &["tensor<2xi32>", "float"]);
     refused(f.abs(p), "abs", &["i1"]);
     refused(f.div(p, p), "divide", &["tensor<2xi1>"]);
-    let x = f.arg(ty(DType::F32, &[2]));
+    let x = f.arg(ty(ScalarType::F32, &[2]));
     refused(f.and(x, x), "and", &["f32"]);
 }
 
 #[test]
 fn compare_refuses_a_compare_type_unsuited_to_the_dtype() {
-    let (mut f, x, y) = two_args(ty(DType::F32, &[2]), ty(DType::F32, &[2]));
+    let (mut f, x, y) = two_args(ty(ScalarType::F32, &[2]), ty(ScalarType::F32, &[2]));
     refused(
         f.compare_as(x, CompareDirection::Lt, y, CompareType::Signed),
         "compare",
         &["SIGNED", "FLOAT"],
     );
-    let u = f.arg(ty(DType::U8, &[2]));
+    let u = f.arg(ty(ScalarType::U8, &[2]));
     refused(
         f.compare_as(u, CompareDirection::Lt, u, CompareType::Signed),
         "compare",
@@ -75,18 +75,18 @@ fn compare_refuses_a_compare_type_unsuited_to_the_dtype() {
 
 #[test]
 fn select_and_clamp_check_predicate_and_bounds() {
-    let (mut f, x, y) = two_args(ty(DType::F32, &[2, 2]), ty(DType::F32, &[2, 2]));
+    let (mut f, x, y) = two_args(ty(ScalarType::F32, &[2, 2]), ty(ScalarType::F32, &[2, 2]));
     refused(f.select(x, x, y), "select", &["tensor<2x2xi1>"]);
-    let p = f.arg(ty(DType::Pred, &[2]));
+    let p = f.arg(ty(ScalarType::Pred, &[2]));
     refused(f.select(p, x, y), "select", &["tensor<2xi1>"]);
-    let lo = f.arg(ty(DType::F32, &[2]));
+    let lo = f.arg(ty(ScalarType::F32, &[2]));
     refused(f.clamp(lo, x, y), "clamp", &["min", "tensor<2xf32>"]);
 }
 
 #[test]
 fn shape_ops_check_dims() {
     let mut f = FunctionBuilder::new("t");
-    let x = f.arg(ty(DType::F32, &[2, 3]));
+    let x = f.arg(ty(ScalarType::F32, &[2, 3]));
     refused(
         f.broadcast_in_dim(x, [2, 4], [0, 1]),
         "broadcast_in_dim",
@@ -112,7 +112,7 @@ fn shape_ops_check_dims() {
         &["dim 1", "limit 4"],
     );
     refused(f.slice(x, [0, 0], [2, 3], [1, 0]), "slice", &["stride"]);
-    let y = f.arg(ty(DType::F32, &[3, 3]));
+    let y = f.arg(ty(ScalarType::F32, &[3, 3]));
     refused(
         f.concatenate(&[x, y], 1),
         "concatenate",
@@ -124,7 +124,7 @@ fn shape_ops_check_dims() {
 
 #[test]
 fn dot_general_refuses_mismatched_contracting_dims() {
-    let (mut f, a, b) = two_args(ty(DType::F32, &[2, 3]), ty(DType::F32, &[4, 5]));
+    let (mut f, a, b) = two_args(ty(ScalarType::F32, &[2, 3]), ty(ScalarType::F32, &[4, 5]));
     let dims = DotDims {
         lhs_contract: vec![1],
         rhs_contract: vec![0],
@@ -161,18 +161,18 @@ fn dot_general_refuses_mismatched_contracting_dims() {
         "dot_general",
         &["twice"],
     );
-    let (mut f, a, b) = two_args(ty(DType::Bf16, &[2, 3]), ty(DType::Bf16, &[3, 4]));
+    let (mut f, a, b) = two_args(ty(ScalarType::Bf16, &[2, 3]), ty(ScalarType::Bf16, &[3, 4]));
     let dims = DotDims {
         lhs_contract: vec![1],
         rhs_contract: vec![0],
         ..DotDims::default()
     };
     refused(
-        f.dot_general(a, b, &dims, None, Some(DType::I32)),
+        f.dot_general(a, b, &dims, None, Some(ScalarType::I32)),
         "dot_general",
         &["i32", "float"],
     );
-    let c = f.arg(ty(DType::F32, &[3, 4]));
+    let c = f.arg(ty(ScalarType::F32, &[3, 4]));
     refused(
         f.dot_general(a, c, &dims, None, None),
         "dot_general",
@@ -183,7 +183,7 @@ fn dot_general_refuses_mismatched_contracting_dims() {
 #[test]
 fn reductions_check_init_dims_and_index_type() {
     let mut f = FunctionBuilder::new("t");
-    let x = f.arg(ty(DType::F32, &[2, 3]));
+    let x = f.arg(ty(ScalarType::F32, &[2, 3]));
     let wrong_init = f.scalar(0i32);
     refused(
         f.reduce(x, wrong_init, [1], ReduceOp::Sum),
@@ -196,8 +196,12 @@ fn reductions_check_init_dims_and_index_type() {
         &["dimension 2", "rank is 2"],
     );
     refused(f.reduce_max(x, [0, 0]), "reduce", &["twice"]);
-    refused(f.argmax(x, 1, DType::F32), "reduce", &["index type f32"]);
-    refused(f.argmax(x, 2, DType::I32), "reduce", &["axis 2"]);
+    refused(
+        f.argmax(x, 1, ScalarType::F32),
+        "reduce",
+        &["index type f32"],
+    );
+    refused(f.argmax(x, 2, ScalarType::I32), "reduce", &["axis 2"]);
 }
 
 #[test]
@@ -209,17 +213,21 @@ fn constants_check_counts_and_representability() {
         &["4 elements", "3 values"],
     );
     refused(
-        f.full(&ty(DType::I32, &[2]), 0.5),
+        f.full(&ty(ScalarType::I32, &[2]), 0.5),
         "constant",
         &["0.5", "i32"],
     );
-    refused(f.full(&ty(DType::U8, &[2]), -1.0), "constant", &["ui8"]);
     refused(
-        f.iota(ty(DType::I32, &[4]), 1),
+        f.full(&ty(ScalarType::U8, &[2]), -1.0),
+        "constant",
+        &["ui8"],
+    );
+    refused(
+        f.iota(ty(ScalarType::I32, &[4]), 1),
         "iota",
         &["iota_dimension 1"],
     );
-    refused(f.iota(ty(DType::Pred, &[4]), 0), "iota", &["i1"]);
+    refused(f.iota(ty(ScalarType::Pred, &[4]), 0), "iota", &["i1"]);
 }
 
 fn embedding_spec() -> GatherSpec {
@@ -235,7 +243,7 @@ fn embedding_spec() -> GatherSpec {
 
 #[test]
 fn gather_checks_dimension_numbers() {
-    let (mut f, table, ids) = two_args(ty(DType::F32, &[5, 3]), ty(DType::I32, &[4]));
+    let (mut f, table, ids) = two_args(ty(ScalarType::F32, &[5, 3]), ty(ScalarType::I32, &[4]));
     f.gather(table, ids, &embedding_spec())
         .expect("the embedding gather is valid");
     let spec = GatherSpec {
@@ -279,7 +287,7 @@ fn gather_checks_dimension_numbers() {
         "gather",
         &["index_vector_dim 2"],
     );
-    let float_ids = f.arg(ty(DType::F32, &[4]));
+    let float_ids = f.arg(ty(ScalarType::F32, &[4]));
     refused(
         f.gather(table, float_ids, &embedding_spec()),
         "gather",
@@ -302,24 +310,24 @@ fn kv_write_spec() -> ScatterSpec {
 #[test]
 fn scatter_checks_dimension_numbers() {
     let mut f = FunctionBuilder::new("t");
-    let pool = f.arg(ty(DType::F32, &[6, 3]));
-    let slots = f.arg(ty(DType::I32, &[4, 1]));
-    let rows = f.arg(ty(DType::F32, &[4, 3]));
+    let pool = f.arg(ty(ScalarType::F32, &[6, 3]));
+    let slots = f.arg(ty(ScalarType::I32, &[4, 1]));
+    let rows = f.arg(ty(ScalarType::F32, &[4, 3]));
     f.scatter(pool, slots, rows, &kv_write_spec())
         .expect("the KV write is valid");
-    let wide = f.arg(ty(DType::F32, &[4, 4]));
+    let wide = f.arg(ty(ScalarType::F32, &[4, 4]));
     refused(
         f.scatter(pool, slots, wide, &kv_write_spec()),
         "scatter",
         &["window dim 1", "size 4"],
     );
-    let too_many = f.arg(ty(DType::F32, &[5, 3]));
+    let too_many = f.arg(ty(ScalarType::F32, &[5, 3]));
     refused(
         f.scatter(pool, slots, too_many, &kv_write_spec()),
         "scatter",
         &["[5]", "[4]"],
     );
-    let bf = f.arg(ty(DType::Bf16, &[4, 3]));
+    let bf = f.arg(ty(ScalarType::Bf16, &[4, 3]));
     refused(
         f.scatter(pool, slots, bf, &kv_write_spec()),
         "scatter",
@@ -344,10 +352,10 @@ fn scatter_checks_dimension_numbers() {
 #[test]
 fn dynamic_slices_check_start_indices_and_sizes() {
     let mut f = FunctionBuilder::new("t");
-    let x = f.arg(ty(DType::F32, &[4, 5]));
+    let x = f.arg(ty(ScalarType::F32, &[4, 5]));
     let i = f.scalar(1i32);
     let j64 = f.scalar(1i64);
-    let v = f.arg(ty(DType::I32, &[1]));
+    let v = f.arg(ty(ScalarType::I32, &[1]));
     refused(
         f.dynamic_slice(x, &[i], [2, 2]),
         "dynamic_slice",
@@ -368,7 +376,7 @@ fn dynamic_slices_check_start_indices_and_sizes() {
         "dynamic_slice",
         &["slice_sizes [2, 6]"],
     );
-    let big = f.arg(ty(DType::F32, &[5, 5]));
+    let big = f.arg(ty(ScalarType::F32, &[5, 5]));
     refused(
         f.dynamic_update_slice(x, big, &[i, i]),
         "dynamic_update_slice",
@@ -380,25 +388,28 @@ fn dynamic_slices_check_start_indices_and_sizes() {
 fn values_of_another_builder_are_refused() {
     let mut a = FunctionBuilder::new("a");
     let mut b = FunctionBuilder::new("b");
-    let x = a.arg(ty(DType::F32, &[2]));
-    let y = b.arg(ty(DType::F32, &[2]));
+    let x = a.arg(ty(ScalarType::F32, &[2]));
+    let y = b.arg(ty(ScalarType::F32, &[2]));
     refused(b.add(x, y), "add", &["not made by this function builder"]);
 }
 
 #[test]
 fn signatures_check_donation_names_and_results() {
     let mut f = FunctionBuilder::new("t");
-    let x = f.arg(ty(DType::F32, &[2]));
+    let x = f.arg(ty(ScalarType::F32, &[2]));
     let y = f.exp(x).unwrap();
     signature_refused(f.donate(y, 0), &["only arguments"]);
     f.donate(x, 0).unwrap();
     signature_refused(f.donate(x, 0), &["already donated"]);
     signature_refused(
-        f.arg_named("has space", ty(DType::F32, &[2])),
+        f.arg_named("has space", ty(ScalarType::F32, &[2])),
         &["\"has space\""],
     );
-    f.arg_named("tokenIds", ty(DType::I32, &[2])).unwrap();
-    signature_refused(f.arg_named("tokenIds", ty(DType::I32, &[2])), &["twice"]);
+    f.arg_named("tokenIds", ty(ScalarType::I32, &[2])).unwrap();
+    signature_refused(
+        f.arg_named("tokenIds", ty(ScalarType::I32, &[2])),
+        &["twice"],
+    );
     let s = f.reduce_sum(y, [0]).unwrap();
     signature_refused(
         FunctionBuilder::new("t").finish(&[]),
@@ -406,7 +417,7 @@ fn signatures_check_donation_names_and_results() {
     );
 
     let mut g = FunctionBuilder::new("t");
-    let p = g.arg(ty(DType::F32, &[2]));
+    let p = g.arg(ty(ScalarType::F32, &[2]));
     g.donate(p, 1).unwrap();
     let q = g.exp(p).unwrap();
     signature_refused(g.finish(&[q]), &["result 1", "only 1 results"]);
@@ -415,6 +426,6 @@ fn signatures_check_donation_names_and_results() {
     signature_refused(f.finish(&[s]), &["argument 0", "tensor<f32>"]);
 
     let mut h = FunctionBuilder::new("1bad name");
-    let z = h.arg(ty(DType::F32, &[2]));
+    let z = h.arg(ty(ScalarType::F32, &[2]));
     signature_refused(h.finish(&[z]), &["module name"]);
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use tlaloc_hlo::{DType, TensorType};
+use tlaloc_hlo::{ScalarType, TensorType};
 use tlaloc_pjrt::{Buffer, Client, CompileOptions, ElementType, ExecuteArg};
 
 use crate::support::{Case, Tensor, compare};
@@ -15,16 +15,16 @@ fn clients() -> &'static [(PathBuf, Client)] {
     CLIENTS.get_or_init(tlaloc_pjrt::testing::test_clients)
 }
 
-fn element_type(dtype: DType) -> ElementType {
+fn element_type(dtype: ScalarType) -> ElementType {
     match dtype {
-        DType::F32 => ElementType::F32,
-        DType::Bf16 => ElementType::BF16,
-        DType::F16 => ElementType::F16,
-        DType::I32 => ElementType::S32,
-        DType::I64 => ElementType::S64,
-        DType::I8 => ElementType::S8,
-        DType::U8 => ElementType::U8,
-        DType::Pred => ElementType::Pred,
+        ScalarType::F32 => ElementType::F32,
+        ScalarType::Bf16 => ElementType::BF16,
+        ScalarType::F16 => ElementType::F16,
+        ScalarType::I32 => ElementType::S32,
+        ScalarType::I64 => ElementType::S64,
+        ScalarType::I8 => ElementType::S8,
+        ScalarType::U8 => ElementType::U8,
+        ScalarType::Pred => ElementType::Pred,
     }
 }
 

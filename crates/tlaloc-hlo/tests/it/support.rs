@@ -1,7 +1,7 @@
 //! Host tensors, a deterministic input generator, index arithmetic for the reference
 //! computations, and the comparison of plugin results with references.
 
-use tlaloc_hlo::{ConstData, DType, Module, Scalar, TensorType, bf16, f16};
+use tlaloc_hlo::{ConstData, Module, Scalar, ScalarType, TensorType, bf16, f16};
 
 /// A row-major host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,38 +59,38 @@ impl Tensor {
         );
         let chunks = bytes.chunks_exact(size);
         let data = match ty.dtype {
-            DType::F32 => ConstData::F32(
+            ScalarType::F32 => ConstData::F32(
                 chunks
                     .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
                     .collect(),
             ),
-            DType::Bf16 => ConstData::Bf16(
+            ScalarType::Bf16 => ConstData::Bf16(
                 chunks
                     .map(|c| bf16::from_le_bytes(c.try_into().unwrap()))
                     .collect(),
             ),
-            DType::F16 => ConstData::F16(
+            ScalarType::F16 => ConstData::F16(
                 chunks
                     .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
                     .collect(),
             ),
-            DType::I32 => ConstData::I32(
+            ScalarType::I32 => ConstData::I32(
                 chunks
                     .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
                     .collect(),
             ),
-            DType::I64 => ConstData::I64(
+            ScalarType::I64 => ConstData::I64(
                 chunks
                     .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
                     .collect(),
             ),
-            DType::I8 => ConstData::I8(
+            ScalarType::I8 => ConstData::I8(
                 chunks
                     .map(|c| i8::from_le_bytes(c.try_into().unwrap()))
                     .collect(),
             ),
-            DType::U8 => ConstData::U8(bytes.to_vec()),
-            DType::Pred => ConstData::Pred(bytes.iter().map(|&b| b != 0).collect()),
+            ScalarType::U8 => ConstData::U8(bytes.to_vec()),
+            ScalarType::Pred => ConstData::Pred(bytes.iter().map(|&b| b != 0).collect()),
         };
         Tensor {
             dims: ty.dims.clone(),

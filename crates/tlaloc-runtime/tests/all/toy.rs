@@ -10,8 +10,9 @@
 use std::path::Path;
 
 use tlaloc_artifact::{
-    ArtifactWriter, Dtype, Entry, FORMAT_VERSION, KvCacheLayout, Ladder, Manifest, ModelConfig,
-    PaddingContract, ProgramSignature, Provenance, SourceCheckpoint, SourceFile, TokenizerFiles,
+    ArtifactWriter, Dtype, Entry, FORMAT_VERSION, KvCacheLayout, Ladder, Manifest, ManifestModel,
+    ManifestSourceFile, ManifestTokenizer, PaddingContract, ProgramSignature, Provenance,
+    SourceCheckpoint,
 };
 
 pub const VOCAB: usize = 61;
@@ -121,8 +122,8 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
     s
 }
 
-fn model_config() -> ModelConfig {
-    ModelConfig {
+fn model_config() -> ManifestModel {
+    ManifestModel {
         architecture: "LlamaForCausalLM".into(),
         hidden_size: 1,
         intermediate_size: 1,
@@ -166,14 +167,14 @@ pub fn write(dir: &Path, num_blocks: usize) {
         entries: Vec::new(),
         padding: PaddingContract::CONTRACT,
         weights: vec![weight],
-        tokenizer: TokenizerFiles {
+        tokenizer: ManifestTokenizer {
             files: vec![],
             chat_template: None,
         },
         provenance: Provenance {
             source: SourceCheckpoint {
                 kind: "toy".into(),
-                files: vec![SourceFile {
+                files: vec![ManifestSourceFile {
                     name: "none".into(),
                     sha256: "0".repeat(64),
                 }],
