@@ -175,27 +175,57 @@ impl TensorRole {
         }
     }
 
-    /// Every role a model with this config stores (the LM head only when untied).
-    pub fn required(c: &ModelConfig) -> Vec<TensorRole> {
-        let mut roles = vec![TensorRole::Embedding, TensorRole::FinalNorm];
-        if !c.tie_word_embeddings {
-            roles.push(TensorRole::LmHead);
+    /// Whether a model with this config stores `role` (the LM head only when untied).
+    pub fn is_required(&self, c: &ModelConfig) -> bool {
+        match *self {
+            TensorRole::Embedding | TensorRole::FinalNorm => true,
+            TensorRole::LmHead => !c.tie_word_embeddings,
+            TensorRole::Layer(n, r) => n < c.num_hidden_layers && layer_role_wanted(r, c),
         }
-        for n in 0..c.num_hidden_layers {
-            for (r, _, _) in LAYER_ROLES {
-                let wanted = match r {
-                    LayerRole::QBias | LayerRole::KBias | LayerRole::VBias => c.qkv_bias,
-                    LayerRole::OBias => c.o_bias,
-                    LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
-                    _ => true,
-                };
-                if wanted {
-                    roles.push(TensorRole::Layer(n, r));
-                }
-            }
-        }
-        roles.sort();
-        roles
+    }
+
+    /// How many roles a model with this config stores (saturating: a hostile layer count
+    /// must not overflow).
+    pub fn required_count(c: &ModelConfig) -> usize {
+        let per_layer = LAYER_ROLES
+            .iter()
+            .filter(|(r, _, _)| layer_role_wanted(*r, c))
+            .count();
+        let top = if c.tie_word_embeddings { 2 } else { 3 };
+        c.num_hidden_layers
+            .saturating_mul(per_layer)
+            .saturating_add(top)
+    }
+
+    /// Every role a model with this config stores, in order, lazily (the layer count may be
+    /// anything a config says).
+    pub fn required_roles(c: &ModelConfig) -> impl Iterator<Item = TensorRole> + '_ {
+        let top = [
+            TensorRole::Embedding,
+            TensorRole::FinalNorm,
+            TensorRole::LmHead,
+        ]
+        .into_iter()
+        .filter(move |r| r.is_required(c));
+        let layers = (0..c.num_hidden_layers).flat_map(move |n| {
+            LAYER_ROLES
+                .iter()
+                .filter(move |(r, _, _)| layer_role_wanted(*r, c))
+                .map(move |(r, _, _)| TensorRole::Layer(n, *r))
+        });
+        top.chain(layers)
+    }
+}
+
+/// At most this many missing tensors are named in an error; the rest are counted.
+pub const MAX_NAMED_MISSING: usize = 16;
+
+fn layer_role_wanted(r: LayerRole, c: &ModelConfig) -> bool {
+    match r {
+        LayerRole::QBias | LayerRole::KBias | LayerRole::VBias => c.qkv_bias,
+        LayerRole::OBias => c.o_bias,
+        LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
+        _ => true,
     }
 }
 
@@ -567,14 +597,16 @@ fn verify_roles(
     mut unexpected: Vec<String>,
     name_of: fn(TensorRole) -> String,
 ) -> Result<BTreeMap<TensorRole, TensorMeta>> {
-    let required = TensorRole::required(config);
+    // Nothing here is sized by the config's counts: a hostile layer count must not allocate
+    // (or scan) per layer. Membership is a predicate; the missing list is named up to a cap
+    // and counted arithmetically.
     if config.tie_word_embeddings {
         // A tied checkpoint may still carry a copy of the LM head; the embedding is used.
         stored.remove(&TensorRole::LmHead);
     }
     let extra: Vec<TensorRole> = stored
         .keys()
-        .filter(|r| !required.contains(r))
+        .filter(|r| !r.is_required(config))
         .copied()
         .collect();
     for role in extra {
@@ -586,13 +618,19 @@ fn verify_roles(
         unexpected.sort();
         return Err(IngestError::UnexpectedTensors { names: unexpected });
     }
-    let missing: Vec<String> = required
-        .iter()
-        .filter(|r| !stored.contains_key(r))
-        .map(|r| name_of(*r))
-        .collect();
-    if !missing.is_empty() {
-        return Err(IngestError::MissingTensors { names: missing });
+    // Every stored role is required now, so `stored.len()` of the required ones are present;
+    // after `stored.len() + MAX_NAMED_MISSING` required roles the cap is surely reached.
+    let missing_total = TensorRole::required_count(config).saturating_sub(stored.len());
+    if missing_total > 0 {
+        let names: Vec<String> = TensorRole::required_roles(config)
+            .filter(|r| !stored.contains_key(r))
+            .take(MAX_NAMED_MISSING)
+            .map(name_of)
+            .collect();
+        return Err(IngestError::MissingTensors {
+            more: missing_total - names.len(),
+            names,
+        });
     }
     for (role, meta) in &stored {
         let expected = role.expected_dims(config);

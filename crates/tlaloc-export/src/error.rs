@@ -94,10 +94,16 @@ pub enum IngestError {
         found: Vec<usize>,
     },
     /// Tensors the config requires are absent.
-    #[error("missing tensors: {}", names.join(", "))]
+    #[error(
+        "missing tensors: {}{}",
+        names.join(", "),
+        if *more > 0 { format!(" and {more} more") } else { String::new() }
+    )]
     MissingTensors {
-        /// Their names in the checkpoint's naming scheme.
+        /// Their names in the checkpoint's naming scheme (the first [`crate::checkpoint::MAX_NAMED_MISSING`]).
         names: Vec<String>,
+        /// How many more are missing beyond those named.
+        more: usize,
     },
     /// Tensors are present that no role accounts for.
     #[error("unexpected tensors (no role for them in this architecture): {}", names.join(", "))]

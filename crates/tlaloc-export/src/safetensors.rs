@@ -156,6 +156,7 @@ impl SafetensorsStore {
             .get(name)
             .ok_or_else(|| IngestError::MissingTensors {
                 names: vec![name.to_string()],
+                more: 0,
             })?;
         let file = &self.files[i];
         let info = file
@@ -163,6 +164,7 @@ impl SafetensorsStore {
             .info(name)
             .ok_or_else(|| IngestError::MissingTensors {
                 names: vec![name.to_string()],
+                more: 0,
             })?;
         // Offsets were validated against the buffer length by `read_metadata`.
         let data = &file.mmap[8 + file.header_len..];

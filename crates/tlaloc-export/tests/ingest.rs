@@ -439,7 +439,7 @@ fn missing_and_unexpected_tensors_are_named() {
     });
     let err = open_err(dir.path());
     assert!(
-        matches!(&err, IngestError::MissingTensors { names } if names.contains(&"model.layers.2.mlp.up_proj.weight".to_string())),
+        matches!(&err, IngestError::MissingTensors { names, .. } if names.contains(&"model.layers.2.mlp.up_proj.weight".to_string())),
         "{err}"
     );
     let dir = copy_fixture("tiny-llama-gqa");
@@ -532,11 +532,16 @@ impl GgufWriter {
 
 /// A one-layer llama GGUF with hidden 32, 2 heads, f32 tensors, a 4-token byte-level vocab.
 fn tiny_llama_gguf(arch: &str, ffn_down_type: u32) -> Vec<u8> {
+    tiny_llama_gguf_claiming(arch, ffn_down_type, 1)
+}
+
+/// [`tiny_llama_gguf`] whose metadata claims `block_count` layers (it stores one).
+fn tiny_llama_gguf_claiming(arch: &str, ffn_down_type: u32, block_count: u32) -> Vec<u8> {
     let mut w = GgufWriter::new(arch);
     for (k, v) in [
         ("embedding_length", 32),
         ("feed_forward_length", 64),
-        ("block_count", 1),
+        ("block_count", block_count),
         ("attention.head_count", 2),
         ("context_length", 128),
     ] {
@@ -700,5 +705,40 @@ fn truncated_real_gguf_is_refused_not_a_panic() {
             matches!(err, IngestError::Gguf { .. }),
             "keep {keep}: {err:?}"
         );
+    }
+}
+
+/// Regression: `num_hidden_layers: 1000000000000` beside a valid tiny checkpoint made the
+/// exporter build a list of nine roles per layer before comparing anything with the file, until
+/// the host ran out of memory. Nothing is sized by the count now: the first missing tensors are
+/// named and the rest counted.
+#[test]
+fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_per_layer() {
+    let tmp = copy_fixture("tiny-llama-gqa");
+    edit_config(tmp.path(), |c| {
+        c.insert(
+            "num_hidden_layers".into(),
+            Value::from(1_000_000_000_000u64),
+        );
+    });
+    let err = open_err(tmp.path());
+    match &err {
+        IngestError::MissingTensors { names, more } => {
+            assert_eq!(names.len(), tlaloc_export::checkpoint::MAX_NAMED_MISSING);
+            assert_eq!(names[0], "model.layers.2.input_layernorm.weight");
+            // Nine tensors a layer, two layers present.
+            assert_eq!(names.len() + more, 9 * (1_000_000_000_000 - 2));
+        }
+        other => panic!("expected MissingTensors, got {other}"),
+    }
+    assert!(err.to_string().ends_with("more"), "{err}");
+    // GGUF's block_count reaches the same check.
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf_claiming("llama", 0, u32::MAX));
+    match open_err(&path) {
+        IngestError::MissingTensors { names, more } => {
+            assert_eq!(names[0], "blk.1.attn_norm.weight");
+            assert_eq!(names.len() + more, 9 * (u32::MAX as usize - 1));
+        }
+        other => panic!("expected MissingTensors, got {other}"),
     }
 }

@@ -70,6 +70,7 @@ impl GgufCheckpoint {
             .find(|t| t.name == name)
             .ok_or_else(|| IngestError::MissingTensors {
                 names: vec![name.to_string()],
+                more: 0,
             })?;
         let bytes = self
             .mmap
@@ -246,6 +247,7 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
     if architecture == Architecture::Qwen2 && !qkv_bias {
         return Err(IngestError::MissingTensors {
             names: vec!["blk.0.attn_q.bias".into()],
+            more: 0,
         });
     }
     let config = ModelConfig {

@@ -8,7 +8,7 @@ use tlaloc_runtime::{
 };
 
 use crate::fake::{FakeModel, VOCAB, grid, reference_generate};
-use crate::streams::{collect_ids, submit_all};
+use crate::streams::{collect_ids, submit_greedy};
 
 fn prompts() -> Vec<Vec<u32>> {
     (0..8u32)
@@ -68,12 +68,7 @@ fn eight_prompts_together_give_the_same_ids_as_alone() {
     engine.shutdown();
 
     let (engine, hold) = start_held(256);
-    let streams = submit_all(
-        &engine,
-        prompts()
-            .into_iter()
-            .map(|p| GenerateRequest::greedy(p, max_tokens)),
-    );
+    let streams = submit_greedy(&engine, prompts(), |_| max_tokens);
     drop(hold);
     for (n, events) in streams.into_iter().enumerate() {
         let (ids, reason) = collect_ids(events);
@@ -94,12 +89,7 @@ fn a_pool_too_small_for_all_preempts_and_still_gives_the_same_ids() {
     let max_tokens = 24;
     // 20 allocatable pages of 4 tokens: the eight sequences need up to 62 tokens each.
     let (engine, hold) = start_held(21);
-    let streams = submit_all(
-        &engine,
-        prompts()
-            .into_iter()
-            .map(|p| GenerateRequest::greedy(p, max_tokens)),
-    );
+    let streams = submit_greedy(&engine, prompts(), |_| max_tokens);
     drop(hold);
     for (p, events) in prompts().iter().zip(streams) {
         let (ids, _) = collect_ids(events);
@@ -376,13 +366,7 @@ fn chained_decode_gives_the_same_ids_and_stops_inside_a_chain() {
     let engine = Engine::start(model).unwrap();
     // Budgets of 1 to 29 tokens, so rows end at every offset inside a chain; eos ends some.
     let budget = |i: usize| 1 + 4 * i;
-    let streams = submit_all(
-        &engine,
-        prompts()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| GenerateRequest::greedy(p, budget(i))),
-    );
+    let streams = submit_greedy(&engine, prompts(), budget);
     for ((i, p), rx) in prompts().into_iter().enumerate().zip(streams) {
         let (ids, _) = collect_ids(rx);
         assert_eq!(ids, reference_generate(&p, budget(i), &[eos]), "{p:?}");

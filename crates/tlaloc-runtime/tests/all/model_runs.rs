@@ -10,10 +10,11 @@ use tlaloc_runtime::{
     ModelExecutor, SamplingParams, StepInputs,
 };
 
-use crate::streams::{submit_all, try_collect_ids};
+use crate::streams::{submit_greedy, try_collect_ids};
 use crate::toy::{self, BLOCK_SIZE, reference_generate};
 
-fn options(plugin: &Path, cache: Option<PathBuf>, compile: CompileMode) -> LoadOptions {
+/// Load options for `plugin` (artifact verified, compile cache as given).
+pub fn options(plugin: &Path, cache: Option<PathBuf>, compile: CompileMode) -> LoadOptions {
     LoadOptions {
         plugin: PluginRequest::Path(plugin.to_owned()),
         verify: true,
@@ -43,12 +44,7 @@ fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager))
             .unwrap_or_else(|e| panic!("loading the toy artifact on {}: {e}", plugin.display()));
         let max_tokens = 16;
-        let streams = submit_all(
-            &engine,
-            prompts()
-                .into_iter()
-                .map(|p| GenerateRequest::greedy(p, max_tokens)),
-        );
+        let streams = submit_greedy(&engine, prompts(), |_| max_tokens);
         for (n, (p, events)) in prompts().iter().zip(streams).enumerate() {
             let (ids, _) = try_collect_ids(events)
                 .unwrap_or_else(|m| panic!("{}: prompt {n}: {m}", plugin.display()));
@@ -283,13 +279,7 @@ fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
         let engine = Engine::load(&dir, options).unwrap();
         // Budgets that end at different offsets inside a chain of up to eight steps.
         let budget = |i: usize| 2 + 2 * i;
-        let streams = submit_all(
-            &engine,
-            prompts()
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| GenerateRequest::greedy(p, budget(i))),
-        );
+        let streams = submit_greedy(&engine, prompts(), budget);
         for ((i, p), rx) in prompts().into_iter().enumerate().zip(streams) {
             let (ids, _) =
                 try_collect_ids(rx).unwrap_or_else(|m| panic!("{}: {m}", plugin.display()));

@@ -5,11 +5,11 @@
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::scheduler::{ScheduledStep, Scheduler};
 use tlaloc_runtime::{
-    CompileMode, Engine, EntryKind, GenerateRequest, LoadOptions, ModelExecutor, Refusal,
-    SequenceControl,
+    CompileMode, Engine, EntryKind, GenerateRequest, ModelExecutor, Refusal, SequenceControl,
 };
 
 use crate::fake::{FakeModel, grid, reference_generate};
+use crate::model_runs::options;
 use crate::streams::{collect_ids, submit_all};
 use crate::toy;
 
@@ -170,13 +170,7 @@ fn a_conversation_continued_through_the_engine_matches_the_reference_on_every_pl
     let dir = tmp.path().join("toy");
     toy::write(&dir, 64);
     for plugin in test_plugin_paths() {
-        let options = LoadOptions {
-            plugin: tlaloc_pjrt::discovery::PluginRequest::Path(plugin.clone()),
-            compile: CompileMode::Eager,
-            compile_cache: None,
-            ..LoadOptions::default()
-        };
-        let engine = Engine::load(&dir, options).unwrap();
+        let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
         let turns: [Vec<u32>; 3] = [vec![3, 14, 15, 9, 2, 6, 5], vec![35, 8], vec![9, 7, 9]];
         let mut history = Vec::new();
         for (i, turn) in turns.iter().enumerate() {

@@ -4,11 +4,10 @@
 //! which see only the plain token lists.
 
 use tlaloc_pjrt::testing::test_plugin_paths;
-use tlaloc_runtime::{
-    CompileMode, LoadOptions, Model, ModelExecutor, StepError, StepExecutor, StepRow,
-};
+use tlaloc_runtime::{CompileMode, Model, ModelExecutor, StepError, StepExecutor, StepRow};
 
 use crate::fake::{FakeModel, VOCAB, grid, reference_next};
+use crate::model_runs::options;
 use crate::toy;
 
 /// Three sequences on caller-chosen pages; prompts prefilled in uneven chunks in the same
@@ -79,13 +78,7 @@ fn rows_from_an_external_scheduler_match_the_reference_on_every_plugin() {
     let dir = tmp.path().join("toy");
     toy::write(&dir, 16);
     for plugin in test_plugin_paths() {
-        let options = LoadOptions {
-            plugin: tlaloc_pjrt::discovery::PluginRequest::Path(plugin.clone()),
-            compile: CompileMode::Lazy,
-            compile_cache: None,
-            ..LoadOptions::default()
-        };
-        let model = Model::load(&dir, &options).unwrap();
+        let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
         let mut steps = StepExecutor::new(model);
         drive(&mut steps, toy::reference_next, toy::VOCAB as u32);
     }

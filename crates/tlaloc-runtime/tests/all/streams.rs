@@ -15,6 +15,21 @@ pub fn submit_all(
         .collect()
 }
 
+/// Submits a greedy request for each prompt, prompt `i` with a budget of `budget(i)` tokens.
+pub fn submit_greedy(
+    engine: &EngineHandle,
+    prompts: Vec<Vec<u32>>,
+    budget: impl Fn(usize) -> usize,
+) -> Vec<UnboundedReceiver<TokenEvent>> {
+    submit_all(
+        engine,
+        prompts
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| GenerateRequest::greedy(p, budget(i))),
+    )
+}
+
 /// The generated ids and why the request ended, or the error message it ended with.
 pub fn try_collect_ids(
     mut events: UnboundedReceiver<TokenEvent>,
