@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (CPU plugins, the real model, the Python client
-# used by the server tests) and runs every test of the workspace on both CPU plugins.
+# used by the server tests) and runs every test of the workspace on both CPU plugins, a bounded
+# run of every fuzz target (where a nightly toolchain is present), and the server suite.
 # Every suite runs even when an earlier one fails; the last line counts what passed and failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,8 @@ trap 'rm -rf "$log"' EXIT
 
 cargo test --workspace --no-fail-fast --quiet 2>&1 | tee "$log/cargo.txt"
 cargo_status=${PIPESTATUS[0]}
+FUZZ_SECONDS=${FUZZ_SECONDS:-15} bash scripts/fuzz.sh 2>&1 | tee "$log/fuzz.txt"
+fuzz_status=${PIPESTATUS[0]}
 bash tests/server/run.sh 2>&1 | tee "$log/server.txt"
 server_status=${PIPESTATUS[0]}
 
@@ -23,14 +26,18 @@ read -r cargo_passed cargo_failed < <(awk '/^test result:/ {
 read -r py_passed py_failed < <(awk '/ in [0-9.]+s/ && /passed|failed/ {
     for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i }
   } END { print p + 0, f + 0 }' "$log/server.txt")
+fuzz_passed=$(grep -c '^fuzz result: passed' "$log/fuzz.txt")
+fuzz_failed=$(grep -c '^fuzz result: failed' "$log/fuzz.txt")
 load_passed=$(grep -c '^load test result: passed' "$log/server.txt")
 load_failed=$(grep -c '^load test result: failed' "$log/server.txt")
 
 status=0
 [ "$cargo_status" -eq 0 ] || status=1
+[ "$fuzz_status" -eq 0 ] || status=1
 [ "$server_status" -eq 0 ] || status=1
 if [ "$status" -eq 0 ]; then verdict=ok; else verdict=FAILED; fi
 echo "tests: $verdict. cargo $cargo_passed passed, $cargo_failed failed (exit $cargo_status);" \
+  "fuzz targets $fuzz_passed passed, $fuzz_failed failed (exit $fuzz_status);" \
   "server $py_passed passed, $py_failed failed; load tests $load_passed passed, $load_failed failed" \
   "(exit $server_status)"
 exit "$status"

@@ -22,7 +22,7 @@ pub use error::{ArtifactError, IntegrityProblem};
 pub use ladder::{
     EntryKind, Ladder, LadderError, LadderOptions, LadderPoint, MIN_CONTEXT_BUCKET, PREFILL_BATCH,
 };
-pub use loader::{Artifact, VerifyReport};
+pub use loader::{Artifact, VerifyReport, parse_manifest};
 pub use manifest::{
     Entry, FORMAT_VERSION, KvCacheLayout, MANIFEST_FILE, Manifest, ManifestModel,
     ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, PaddingContract, Provenance,

@@ -259,9 +259,11 @@ fn hash_file(root: &Path, file: &str) -> Result<(String, u64), String> {
     Ok((hex::encode(hasher.finalize()), len))
 }
 
-/// Reads `formatVersion` before the schema, so an artifact of another version is refused as
-/// such rather than as a schema error.
-fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ArtifactError> {
+/// Parses manifest bytes as [`Artifact::open`] does (before its checks against the files):
+/// `formatVersion` is read before the schema, so an artifact of another version is refused as
+/// such rather than as a schema error. Public for the fuzz harness; [`Manifest::validate`] is
+/// the next step.
+pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ArtifactError> {
     let json_error = |source| ArtifactError::Json {
         path: MANIFEST_FILE.to_owned(),
         source,

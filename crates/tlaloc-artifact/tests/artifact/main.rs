@@ -2,6 +2,7 @@
 
 mod dtype;
 mod fixture;
+mod hostile_json;
 mod ladder;
 mod loader;
 mod writer;

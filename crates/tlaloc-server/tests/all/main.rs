@@ -1,6 +1,7 @@
 //! The server's integration tests, linked into one binary.
 
 mod fake;
+mod hostile_bodies;
 mod openapi;
 mod routes;
 mod text;
