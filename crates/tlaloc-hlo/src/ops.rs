@@ -162,6 +162,17 @@ pub struct DotDims {
     pub rhs_contract: Vec<usize>,
 }
 
+impl DotDims {
+    /// One lhs dimension contracted against one rhs dimension, with no batch dimensions.
+    pub fn contracting(lhs: usize, rhs: usize) -> DotDims {
+        DotDims {
+            lhs_contract: vec![lhs],
+            rhs_contract: vec![rhs],
+            ..DotDims::default()
+        }
+    }
+}
+
 /// The combiner of a single-operand `reduce`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {
@@ -200,6 +211,23 @@ pub struct ScatterSpec {
     pub update: ScatterUpdate,
     pub indices_are_sorted: bool,
     pub unique_indices: bool,
+}
+
+impl ScatterSpec {
+    /// Updates written at indices into the operand's leading dimension, one index per update
+    /// (`index_vector_dim` 1): `update_window_dims` are the update's dimensions that span the
+    /// rest of the operand. The indices are declared neither sorted nor unique.
+    pub fn leading_dim(update_window_dims: Vec<usize>, update: ScatterUpdate) -> ScatterSpec {
+        ScatterSpec {
+            update_window_dims,
+            inserted_window_dims: vec![0],
+            scatter_dims_to_operand_dims: vec![0],
+            index_vector_dim: 1,
+            update,
+            indices_are_sorted: false,
+            unique_indices: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

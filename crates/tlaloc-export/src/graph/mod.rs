@@ -277,11 +277,7 @@ impl Graph {
             let y = self.f.reduce_sum(products, [1])?;
             self.f.reshape(y, [1, out])?
         } else {
-            let dims = DotDims {
-                lhs_contract: vec![1],
-                rhs_contract: vec![1],
-                ..DotDims::default()
-            };
+            let dims = DotDims::contracting(1, 1);
             let precision = self.precision(self.matrix);
             self.f
                 .dot_general(x, w, &dims, precision, Some(ScalarType::F32))?
@@ -605,15 +601,7 @@ fn write_and_read_pages(
         flat,
         inputs.slot_mapping,
         rows,
-        &ScatterSpec {
-            update_window_dims: vec![1, 2],
-            inserted_window_dims: vec![0],
-            scatter_dims_to_operand_dims: vec![0],
-            index_vector_dim: 1,
-            update: ScatterUpdate::Replace,
-            indices_are_sorted: false,
-            unique_indices: false,
-        },
+        &ScatterSpec::leading_dim(vec![1, 2], ScatterUpdate::Replace),
     )?;
     let updated = g.f.reshape(flat, kv.pool_dims())?;
     let pages = g.f.gather(

@@ -2,11 +2,11 @@
 //! The snapshot test prints each program; the execution test runs each on every CPU plugin.
 
 use tlaloc_hlo::{
-    CompareDirection as Dir, DotDims, FunctionBuilder, GatherSpec, Precision, ReduceOp, ScalarType,
-    ScatterSpec, ScatterUpdate, TensorType, Value, bf16, f16,
+    CompareDirection as Dir, ConstData, DotDims, FunctionBuilder, GatherSpec, Precision, ReduceOp,
+    ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value, bf16, f16,
 };
 
-use crate::support::{Case, Lcg, Tensor, Tolerance, t, tabulate, unravel};
+use crate::support::{Case, Lcg, Tensor, Tolerance, embedding_spec, t, tabulate, unravel};
 
 /// Declares the cases: `ALL` lists them for the snapshot test, and `execute` has one test per
 /// case that runs it on the plugins.
@@ -78,7 +78,32 @@ fn map_f32(x: &[f32], g: impl Fn(f32) -> f32) -> Vec<f32> {
     x.iter().map(|&v| g(v)).collect()
 }
 
-fn zip_f32(a: &[f32], b: &[f32], g: impl Fn(f32, f32) -> f32) -> Vec<f32> {
+/// A rank-1 tensor holding `v`.
+fn vector<T: Clone>(v: &[T]) -> Tensor
+where
+    Vec<T>: Into<ConstData>,
+{
+    t([v.len()], v.to_vec())
+}
+
+/// Declares one argument per tensor, in order.
+fn args<const N: usize>(f: &mut FunctionBuilder, xs: [&Tensor; N]) -> [Value; N] {
+    xs.map(|x| arg(f, x))
+}
+
+/// add, subtract, multiply, divide, maximum and minimum of `a` and `b`, in that order.
+fn arithmetic(f: &mut FunctionBuilder, a: Value, b: Value) -> Vec<Value> {
+    vec![
+        f.add(a, b).unwrap(),
+        f.sub(a, b).unwrap(),
+        f.mul(a, b).unwrap(),
+        f.div(a, b).unwrap(),
+        f.max(a, b).unwrap(),
+        f.min(a, b).unwrap(),
+    ]
+}
+
+fn zip_with<A: Copy, B: Copy, R>(a: &[A], b: &[B], g: impl Fn(A, B) -> R) -> Vec<R> {
     a.iter().zip(b).map(|(&x, &y)| g(x, y)).collect()
 }
 
@@ -155,23 +180,16 @@ pub fn binary_f32() -> Case {
     let y = rng.f32s(16, -4.0, 4.0);
     let (tx, ty) = (t([4, 4], x.clone()), t([4, 4], y.clone()));
     let mut f = FunctionBuilder::new("binary_f32");
-    let (a, b) = (arg(&mut f, &tx), arg(&mut f, &ty));
-    let outs = [
-        f.add(a, b).unwrap(),
-        f.sub(a, b).unwrap(),
-        f.mul(a, b).unwrap(),
-        f.div(a, b).unwrap(),
-        f.max(a, b).unwrap(),
-        f.min(a, b).unwrap(),
-    ];
+    let [a, b] = args(&mut f, [&tx, &ty]);
+    let outs = arithmetic(&mut f, a, b);
     let m = f.finish(&outs).unwrap();
     let exact_refs = [
-        zip_f32(&x, &y, |a, b| a + b),
-        zip_f32(&x, &y, |a, b| a - b),
-        zip_f32(&x, &y, |a, b| a * b),
-        zip_f32(&x, &y, |a, b| a / b),
-        zip_f32(&x, &y, f32::max),
-        zip_f32(&x, &y, f32::min),
+        zip_with(&x, &y, |a, b| a + b),
+        zip_with(&x, &y, |a, b| a - b),
+        zip_with(&x, &y, |a, b| a * b),
+        zip_with(&x, &y, |a, b| a / b),
+        zip_with(&x, &y, f32::max),
+        zip_with(&x, &y, f32::min),
     ];
     let expected = exact_refs.into_iter().map(|r| t([4, 4], r)).collect();
     exact(m, vec![tx, ty], expected)
@@ -191,21 +209,19 @@ pub fn binary_bf16() -> Case {
         .into_iter()
         .map(bf16::from_f32)
         .collect();
-    let (tx, ty) = (t([16], x.clone()), t([16], y.clone()));
+    let (tx, ty) = (vector(&x), vector(&y));
     let mut f = FunctionBuilder::new("binary_bf16");
-    let (a, b) = (arg(&mut f, &tx), arg(&mut f, &ty));
+    let [a, b] = args(&mut f, [&tx, &ty]);
     let outs = [
         f.add(a, b).unwrap(),
         f.mul(a, b).unwrap(),
         f.div(a, b).unwrap(),
     ];
     let zip = |g: fn(f32, f32) -> f32| {
-        let v: Vec<bf16> = x
-            .iter()
-            .zip(&y)
-            .map(|(&p, &q)| bf16::from_f32(g(p.to_f32(), q.to_f32())))
-            .collect();
-        t([16], v)
+        t(
+            [16],
+            zip_with(&x, &y, |p, q| bf16::from_f32(g(p.to_f32(), q.to_f32()))),
+        )
     };
     let expected = vec![zip(|p, q| p + q), zip(|p, q| p * q), zip(|p, q| p / q)];
     exact(f.finish(&outs).unwrap(), vec![tx, ty], expected)
@@ -220,25 +236,12 @@ pub fn binary_i32() -> Case {
             *v = 7;
         }
     }
-    let (tx, ty) = (t([12], x.clone()), t([12], y.clone()));
+    let (tx, ty) = (vector(&x), vector(&y));
     let mut f = FunctionBuilder::new("binary_i32");
-    let (a, b) = (arg(&mut f, &tx), arg(&mut f, &ty));
-    let outs = [
-        f.add(a, b).unwrap(),
-        f.sub(a, b).unwrap(),
-        f.mul(a, b).unwrap(),
-        f.div(a, b).unwrap(),
-        f.max(a, b).unwrap(),
-        f.min(a, b).unwrap(),
-        f.neg(a).unwrap(),
-        f.abs(b).unwrap(),
-    ];
-    let zip = |g: fn(i32, i32) -> i32| -> Tensor {
-        t(
-            [12],
-            x.iter().zip(&y).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>(),
-        )
-    };
+    let [a, b] = args(&mut f, [&tx, &ty]);
+    let mut outs = arithmetic(&mut f, a, b);
+    outs.extend([f.neg(a).unwrap(), f.abs(b).unwrap()]);
+    let zip = |g: fn(i32, i32) -> i32| -> Tensor { t([12], zip_with(&x, &y, g)) };
     let expected = vec![
         zip(|a, b| a + b),
         zip(|a, b| a - b),
@@ -257,19 +260,9 @@ pub fn binary_logical() -> Case {
     let q = vec![true, false, true, false];
     let x = vec![0b1100i32, -1, 5, 0];
     let y = vec![0b1010i32, 3, -6, 9];
-    let (tp, tq, tx, ty) = (
-        t([4], p.clone()),
-        t([4], q.clone()),
-        t([4], x.clone()),
-        t([4], y.clone()),
-    );
+    let (tp, tq, tx, ty) = (vector(&p), vector(&q), vector(&x), vector(&y));
     let mut f = FunctionBuilder::new("binary_logical");
-    let (a, b, c, d) = (
-        arg(&mut f, &tp),
-        arg(&mut f, &tq),
-        arg(&mut f, &tx),
-        arg(&mut f, &ty),
-    );
+    let [a, b, c, d] = args(&mut f, [&tp, &tq, &tx, &ty]);
     let outs = [
         f.and(a, b).unwrap(),
         f.or(a, b).unwrap(),
@@ -278,18 +271,8 @@ pub fn binary_logical() -> Case {
         f.or(c, d).unwrap(),
         f.not(c).unwrap(),
     ];
-    let zb = |g: fn(bool, bool) -> bool| {
-        t(
-            [4],
-            p.iter().zip(&q).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>(),
-        )
-    };
-    let zi = |g: fn(i32, i32) -> i32| {
-        t(
-            [4],
-            x.iter().zip(&y).map(|(&a, &b)| g(a, b)).collect::<Vec<_>>(),
-        )
-    };
+    let zb = |g: fn(bool, bool) -> bool| t([4], zip_with(&p, &q, g));
+    let zi = |g: fn(i32, i32) -> i32| t([4], zip_with(&x, &y, g));
     let expected = vec![
         zb(|a, b| a & b),
         zb(|a, b| a | b),
@@ -323,9 +306,9 @@ pub fn unary_transcendental_f32() -> Case {
     let mut rng = Lcg::new(4);
     let x = rng.f32s(16, -6.0, 6.0);
     let pos = rng.f32s(16, 0.01, 50.0);
-    let (tx, tp) = (t([16], x.clone()), t([16], pos.clone()));
+    let (tx, tp) = (vector(&x), vector(&pos));
     let mut f = FunctionBuilder::new("unary_transcendental_f32");
-    let (a, p) = (arg(&mut f, &tx), arg(&mut f, &tp));
+    let [a, p] = args(&mut f, [&tx, &tp]);
     let outs = [
         f.exp(a).unwrap(),
         f.log(p).unwrap(),
@@ -348,10 +331,7 @@ pub fn unary_transcendental_f32() -> Case {
         r(&x, |v| 1.0 / (1.0 + (-v).exp())),
         t(
             [16],
-            pos.iter()
-                .zip(&x)
-                .map(|(&b, &e)| f64::from(b).powf(e.into()) as f32)
-                .collect::<Vec<_>>(),
+            zip_with(&pos, &x, |b, e| f64::from(b).powf(e.into()) as f32),
         ),
     ];
     Case {
@@ -382,21 +362,13 @@ fn holds<T: PartialOrd>(d: Dir, a: T, b: T) -> bool {
 pub fn compare_float() -> Case {
     let x = vec![1.0f32, 2.0, -0.0, f32::NAN, 3.0, f32::NEG_INFINITY];
     let y = vec![1.0f32, -2.0, 0.0, 1.0, f32::NAN, -1.0];
-    let (tx, ty) = (t([6], x.clone()), t([6], y.clone()));
+    let (tx, ty) = (vector(&x), vector(&y));
     let mut f = FunctionBuilder::new("compare_float");
-    let (a, b) = (arg(&mut f, &tx), arg(&mut f, &ty));
+    let [a, b] = args(&mut f, [&tx, &ty]);
     let outs: Vec<Value> = DIRS.iter().map(|&d| f.compare(a, d, b).unwrap()).collect();
     let expected = DIRS
         .iter()
-        .map(|&d| {
-            t(
-                [6],
-                x.iter()
-                    .zip(&y)
-                    .map(|(&a, &b)| holds(d, a, b))
-                    .collect::<Vec<_>>(),
-            )
-        })
+        .map(|&d| t([6], zip_with(&x, &y, |a, b| holds(d, a, b))))
         .collect();
     exact(f.finish(&outs).unwrap(), vec![tx, ty], expected)
 }
@@ -407,38 +379,16 @@ pub fn compare_signed_unsigned() -> Case {
     let yi = vec![3i32, 3, -7, i32::MAX];
     let xu = vec![200u8, 0, 255, 100];
     let yu = vec![100u8, 0, 1, 200];
-    let (txi, tyi, txu, tyu) = (
-        t([4], xi.clone()),
-        t([4], yi.clone()),
-        t([4], xu.clone()),
-        t([4], yu.clone()),
-    );
+    let (txi, tyi, txu, tyu) = (vector(&xi), vector(&yi), vector(&xu), vector(&yu));
     let mut f = FunctionBuilder::new("compare_signed_unsigned");
-    let (a, b, c, d) = (
-        arg(&mut f, &txi),
-        arg(&mut f, &tyi),
-        arg(&mut f, &txu),
-        arg(&mut f, &tyu),
-    );
+    let [a, b, c, d] = args(&mut f, [&txi, &tyi, &txu, &tyu]);
     let mut outs = Vec::new();
     let mut expected = Vec::new();
     for dir in [Dir::Lt, Dir::Ge] {
         outs.push(f.compare(a, dir, b).unwrap());
-        expected.push(t(
-            [4],
-            xi.iter()
-                .zip(&yi)
-                .map(|(&p, &q)| holds(dir, p, q))
-                .collect::<Vec<_>>(),
-        ));
+        expected.push(t([4], zip_with(&xi, &yi, |p, q| holds(dir, p, q))));
         outs.push(f.compare(c, dir, d).unwrap());
-        expected.push(t(
-            [4],
-            xu.iter()
-                .zip(&yu)
-                .map(|(&p, &q)| holds(dir, p, q))
-                .collect::<Vec<_>>(),
-        ));
+        expected.push(t([4], zip_with(&xu, &yu, |p, q| holds(dir, p, q))));
     }
     exact(f.finish(&outs).unwrap(), vec![txi, tyi, txu, tyu], expected)
 }
@@ -447,13 +397,10 @@ pub fn select_and_clamp() -> Case {
     let p = vec![true, false, true, false, false, true];
     let x = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let y = vec![-1.0f32, -2.0, -3.0, -4.0, -5.0, -6.0];
-    let (tp, tx, ty) = (
-        t([2, 3], p.clone()),
-        t([2, 3], x.clone()),
-        t([2, 3], y.clone()),
-    );
+    let dims = [2, 3];
+    let (tp, tx, ty) = (t(dims, p.clone()), t(dims, x.clone()), t(dims, y.clone()));
     let mut f = FunctionBuilder::new("select_and_clamp");
-    let (pv, xv, yv) = (arg(&mut f, &tp), arg(&mut f, &tx), arg(&mut f, &ty));
+    let [pv, xv, yv] = args(&mut f, [&tp, &tx, &ty]);
     let chosen = f.select(pv, xv, yv).unwrap();
     let scalar_pred = f.scalar(false);
     let all_y = f.select(scalar_pred, xv, yv).unwrap();
@@ -462,9 +409,9 @@ pub fn select_and_clamp() -> Case {
     let clamped = f.clamp(lo, chosen, hi).unwrap();
     let chosen_ref: Vec<f32> = (0..6).map(|i| if p[i] { x[i] } else { y[i] }).collect();
     let expected = vec![
-        t([2, 3], chosen_ref.clone()),
-        t([2, 3], y.clone()),
-        t([2, 3], map_f32(&chosen_ref, |v| v.clamp(-2.5, 4.5))),
+        t(dims, chosen_ref.clone()),
+        t(dims, y.clone()),
+        t(dims, map_f32(&chosen_ref, |v| v.clamp(-2.5, 4.5))),
     ];
     exact(
         f.finish(&[chosen, all_y, clamped]).unwrap(),
@@ -480,9 +427,9 @@ pub fn convert() -> Case {
     x.extend([1.0 + f32::EPSILON, -0.5]);
     let b = vec![true, false];
     let i = vec![-3i32, 16_777_217];
-    let (tx, tb, ti) = (t([12], x.clone()), t([2], b.clone()), t([2], i.clone()));
+    let (tx, tb, ti) = (vector(&x), vector(&b), vector(&i));
     let mut f = FunctionBuilder::new("convert");
-    let (xv, bv, iv) = (arg(&mut f, &tx), arg(&mut f, &tb), arg(&mut f, &ti));
+    let [xv, bv, iv] = args(&mut f, [&tx, &tb, &ti]);
     let to_bf16 = f.convert(xv, ScalarType::Bf16).unwrap();
     let back = f.convert(to_bf16, ScalarType::F32).unwrap();
     let outs = [
@@ -520,7 +467,7 @@ pub fn broadcast_in_dim() -> Case {
         t([2, 3], m.clone()),
     );
     let mut f = FunctionBuilder::new("broadcast_in_dim");
-    let (r, c, mv) = (arg(&mut f, &trow), arg(&mut f, &tcol), arg(&mut f, &tm));
+    let [r, c, mv] = args(&mut f, [&trow, &tcol, &tm]);
     let outs = [
         f.broadcast_in_dim(r, [2, 3], [1]).unwrap(),
         f.broadcast_in_dim(c, [3, 4], [0, 1]).unwrap(),
@@ -609,7 +556,7 @@ fn dot_case(name: &str, ld: &[usize], rd: &[usize], dims: DotDims, seed: u64) ->
     let r = rng.f32s(rd.iter().product(), -1.0, 1.0);
     let (tl, tr) = (t(ld, l.clone()), t(rd, r.clone()));
     let mut f = FunctionBuilder::new(name);
-    let (a, b) = (arg(&mut f, &tl), arg(&mut f, &tr));
+    let [a, b] = args(&mut f, [&tl, &tr]);
     let out = f
         .dot_general(a, b, &dims, Some(Precision::Highest), None)
         .unwrap();
@@ -633,11 +580,7 @@ pub fn dot_general_matmul_highest() -> Case {
         &[3, 5],
         &[4, 3],
         // Contracting lhs dim 0 with rhs dim 1: neither is the usual last/first pair.
-        DotDims {
-            lhs_contract: vec![0],
-            rhs_contract: vec![1],
-            ..DotDims::default()
-        },
+        DotDims::contracting(0, 1),
         6,
     )
 }
@@ -674,12 +617,8 @@ pub fn dot_general_bf16_to_f32() -> Case {
     let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
     let (tl, tr) = (t([2, 8], to_bf16(&l)), t([8, 3], to_bf16(&r)));
     let mut f = FunctionBuilder::new("dot_general_bf16_to_f32");
-    let (a, b) = (arg(&mut f, &tl), arg(&mut f, &tr));
-    let dims = DotDims {
-        lhs_contract: vec![1],
-        rhs_contract: vec![0],
-        ..DotDims::default()
-    };
+    let [a, b] = args(&mut f, [&tl, &tr]);
+    let dims = DotDims::contracting(1, 0);
     let out = f
         .dot_general(a, b, &dims, Some(Precision::Highest), Some(ScalarType::F32))
         .unwrap();
@@ -828,16 +767,8 @@ pub fn gather_embedding() -> Case {
     let ids = vec![4i32, 0, 2, 2];
     let (tt, ti) = (t([5, 3], table.clone()), t([4], ids.clone()));
     let mut f = FunctionBuilder::new("gather_embedding");
-    let (a, b) = (arg(&mut f, &tt), arg(&mut f, &ti));
-    let spec = GatherSpec {
-        offset_dims: vec![1],
-        collapsed_slice_dims: vec![0],
-        start_index_map: vec![0],
-        index_vector_dim: 1,
-        slice_sizes: vec![1, 3],
-        indices_are_sorted: false,
-    };
-    let out = f.gather(a, b, &spec).unwrap();
+    let [a, b] = args(&mut f, [&tt, &ti]);
+    let out = f.gather(a, b, &embedding_spec()).unwrap();
     let expected = t(
         [4, 3],
         tabulate(&[4, 3], |o| table[ids[o[0]] as usize * 3 + o[1]]),
@@ -852,7 +783,7 @@ pub fn gather_general_clamped() -> Case {
     let starts = vec![1i32, 2, 3, 4, -1, 0];
     let (tx, ts) = (t([4, 5], x.clone()), t([3, 2], starts.clone()));
     let mut f = FunctionBuilder::new("gather_general_clamped");
-    let (a, b) = (arg(&mut f, &tx), arg(&mut f, &ts));
+    let [a, b] = args(&mut f, [&tx, &ts]);
     let spec = GatherSpec {
         offset_dims: vec![1, 2],
         collapsed_slice_dims: vec![],
@@ -880,7 +811,7 @@ pub fn gather_pages() -> Case {
     let tables = vec![5i32, 1, 0, 2, 2, 3];
     let (tp, tt) = (t([6, 2, 1, 3], pool.clone()), t([2, 3], tables.clone()));
     let mut f = FunctionBuilder::new("gather_pages");
-    let (a, b) = (arg(&mut f, &tp), arg(&mut f, &tt));
+    let [a, b] = args(&mut f, [&tp, &tt]);
     let spec = GatherSpec {
         offset_dims: vec![2, 3, 4],
         collapsed_slice_dims: vec![0],
@@ -911,15 +842,10 @@ pub fn scatter_replace_drops_out_of_bounds() -> Case {
         t([4, 3], updates.clone()),
     );
     let mut f = FunctionBuilder::new("scatter_replace_drops_out_of_bounds");
-    let (a, b, c) = (arg(&mut f, &tp), arg(&mut f, &ts), arg(&mut f, &tu));
+    let [a, b, c] = args(&mut f, [&tp, &ts, &tu]);
     let spec = ScatterSpec {
-        update_window_dims: vec![1],
-        inserted_window_dims: vec![0],
-        scatter_dims_to_operand_dims: vec![0],
-        index_vector_dim: 1,
-        update: ScatterUpdate::Replace,
-        indices_are_sorted: false,
         unique_indices: true,
+        ..ScatterSpec::leading_dim(vec![1], ScatterUpdate::Replace)
     };
     let out = f.scatter(a, b, c, &spec).unwrap();
     let mut want = pool.clone();
@@ -940,19 +866,11 @@ pub fn scatter_add() -> Case {
     let x = vec![1.0f32, 2.0, 3.0, 4.0, 5.0];
     let idx = vec![1i32, 3, 1, 1, 4];
     let upd = vec![10.0f32, 20.0, 30.0, 40.0, 50.0];
-    let (tx, ti, tu) = (t([5], x.clone()), t([5], idx.clone()), t([5], upd.clone()));
+    let (tx, ti, tu) = (vector(&x), vector(&idx), vector(&upd));
     let mut f = FunctionBuilder::new("scatter_add");
-    let (a, b, c) = (arg(&mut f, &tx), arg(&mut f, &ti), arg(&mut f, &tu));
+    let [a, b, c] = args(&mut f, [&tx, &ti, &tu]);
     // index_vector_dim = rank(indices): each index is an implicit 1-vector.
-    let spec = ScatterSpec {
-        update_window_dims: vec![],
-        inserted_window_dims: vec![0],
-        scatter_dims_to_operand_dims: vec![0],
-        index_vector_dim: 1,
-        update: ScatterUpdate::Add,
-        indices_are_sorted: false,
-        unique_indices: false,
-    };
+    let spec = ScatterSpec::leading_dim(vec![], ScatterUpdate::Add);
     let out = f.scatter(a, b, c, &spec).unwrap();
     let mut want = x.clone();
     for (k, &i) in idx.iter().enumerate() {
@@ -970,7 +888,7 @@ pub fn dynamic_slice() -> Case {
     let tx = t([4, 5], x.clone());
     let (r, c) = (t([], vec![1i32]), t([], vec![4i32]));
     let mut f = FunctionBuilder::new("dynamic_slice");
-    let (a, rv, cv) = (arg(&mut f, &tx), arg(&mut f, &r), arg(&mut f, &c));
+    let [a, rv, cv] = args(&mut f, [&tx, &r, &c]);
     let out = f.dynamic_slice(a, &[rv, cv], [2, 3]).unwrap();
     // Column start 4 is clamped to 5 - 3 = 2.
     let expected = t([2, 3], tabulate(&[2, 3], |o| x[(1 + o[0]) * 5 + 2 + o[1]]));
@@ -983,12 +901,7 @@ pub fn dynamic_update_slice() -> Case {
     let (tx, tu) = (t([3, 4], x), t([2, 2], u.clone()));
     let (r, c) = (t([], vec![2i32]), t([], vec![1i32]));
     let mut f = FunctionBuilder::new("dynamic_update_slice");
-    let (a, b, rv, cv) = (
-        arg(&mut f, &tx),
-        arg(&mut f, &tu),
-        arg(&mut f, &r),
-        arg(&mut f, &c),
-    );
+    let [a, b, rv, cv] = args(&mut f, [&tx, &tu, &r, &c]);
     let out = f.dynamic_update_slice(a, b, &[rv, cv]).unwrap();
     // Row start 2 is clamped to 3 - 2 = 1.
     let expected = t(
@@ -1013,7 +926,7 @@ pub fn concatenate() -> Case {
     let b: Vec<i32> = (10..16).collect();
     let (ta, tb) = (t([2, 2], a.clone()), t([2, 3], b.clone()));
     let mut f = FunctionBuilder::new("concatenate");
-    let (av, bv) = (arg(&mut f, &ta), arg(&mut f, &tb));
+    let [av, bv] = args(&mut f, [&ta, &tb]);
     let out = f.concatenate(&[av, bv, av], 1).unwrap();
     let expected = t(
         [2, 7],
@@ -1043,7 +956,7 @@ pub fn slice() -> Case {
 pub fn donation_and_names() -> Case {
     let pool = vec![1.0f32, 2.0, 3.0, 4.0];
     let delta = vec![0.5f32, 0.5, -1.0, 2.0];
-    let (tp, td) = (t([4], pool.clone()), t([4], delta.clone()));
+    let (tp, td) = (vector(&pool), vector(&delta));
     let mut f = FunctionBuilder::new("donation_and_names");
     let d = f.arg_named("delta", td.ty()).unwrap();
     let p = f.arg_named("kvPool[0]", tp.ty()).unwrap();
@@ -1052,7 +965,7 @@ pub fn donation_and_names() -> Case {
     let updated = f.add(p, d).unwrap();
     let expected = vec![
         t([], vec![delta.iter().sum::<f32>()]),
-        t([4], zip_f32(&pool, &delta, |a, b| a + b)),
+        t([4], zip_with(&pool, &delta, |a, b| a + b)),
     ];
     exact(f.finish(&[sum, updated]).unwrap(), vec![td, tp], expected)
 }

@@ -5,6 +5,8 @@ use tlaloc_hlo::{
     ReduceOp, ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
 };
 
+use crate::support::embedding_spec;
+
 fn ty(dtype: ScalarType, dims: &[usize]) -> TensorType {
     TensorType::new(dtype, dims)
 }
@@ -125,11 +127,7 @@ fn shape_ops_check_dims() {
 #[test]
 fn dot_general_refuses_mismatched_contracting_dims() {
     let (mut f, a, b) = two_args(ty(ScalarType::F32, &[2, 3]), ty(ScalarType::F32, &[4, 5]));
-    let dims = DotDims {
-        lhs_contract: vec![1],
-        rhs_contract: vec![0],
-        ..DotDims::default()
-    };
+    let dims = DotDims::contracting(1, 0);
     refused(
         f.dot_general(a, b, &dims, Some(Precision::Highest), None),
         "dot_general",
@@ -162,11 +160,7 @@ fn dot_general_refuses_mismatched_contracting_dims() {
         &["twice"],
     );
     let (mut f, a, b) = two_args(ty(ScalarType::Bf16, &[2, 3]), ty(ScalarType::Bf16, &[3, 4]));
-    let dims = DotDims {
-        lhs_contract: vec![1],
-        rhs_contract: vec![0],
-        ..DotDims::default()
-    };
+    let dims = DotDims::contracting(1, 0);
     refused(
         f.dot_general(a, b, &dims, None, Some(ScalarType::I32)),
         "dot_general",
@@ -230,63 +224,30 @@ fn constants_check_counts_and_representability() {
     refused(f.iota(ty(ScalarType::Pred, &[4]), 0), "iota", &["i1"]);
 }
 
-fn embedding_spec() -> GatherSpec {
-    GatherSpec {
-        offset_dims: vec![1],
-        collapsed_slice_dims: vec![0],
-        start_index_map: vec![0],
-        index_vector_dim: 1,
-        slice_sizes: vec![1, 3],
-        indices_are_sorted: false,
-    }
-}
-
 #[test]
 fn gather_checks_dimension_numbers() {
     let (mut f, table, ids) = two_args(ty(ScalarType::F32, &[5, 3]), ty(ScalarType::I32, &[4]));
     f.gather(table, ids, &embedding_spec())
         .expect("the embedding gather is valid");
-    let spec = GatherSpec {
-        slice_sizes: vec![1, 4],
-        ..embedding_spec()
-    };
-    refused(
-        f.gather(table, ids, &spec),
-        "gather",
-        &["slice_sizes [1, 4]"],
-    );
-    let spec = GatherSpec {
-        slice_sizes: vec![2, 3],
-        ..embedding_spec()
-    };
-    refused(
-        f.gather(table, ids, &spec),
-        "gather",
-        &["collapsed slice dim 0", "size 2"],
-    );
-    let spec = GatherSpec {
-        start_index_map: vec![0, 1],
-        ..embedding_spec()
-    };
-    refused(
-        f.gather(table, ids, &spec),
-        "gather",
-        &["start_index_map", "has 1"],
-    );
-    let spec = GatherSpec {
-        offset_dims: vec![1, 2],
-        ..embedding_spec()
-    };
-    refused(f.gather(table, ids, &spec), "gather", &["offset_dims"]);
-    let spec = GatherSpec {
-        index_vector_dim: 2,
-        ..embedding_spec()
-    };
-    refused(
-        f.gather(table, ids, &spec),
-        "gather",
-        &["index_vector_dim 2"],
-    );
+    type Corrupt = fn(&mut GatherSpec);
+    let cases: [(Corrupt, &[&str]); 5] = [
+        (|s| s.slice_sizes = vec![1, 4], &["slice_sizes [1, 4]"]),
+        (
+            |s| s.slice_sizes = vec![2, 3],
+            &["collapsed slice dim 0", "size 2"],
+        ),
+        (
+            |s| s.start_index_map = vec![0, 1],
+            &["start_index_map", "has 1"],
+        ),
+        (|s| s.offset_dims = vec![1, 2], &["offset_dims"]),
+        (|s| s.index_vector_dim = 2, &["index_vector_dim 2"]),
+    ];
+    for (corrupt, needles) in cases {
+        let mut spec = embedding_spec();
+        corrupt(&mut spec);
+        refused(f.gather(table, ids, &spec), "gather", needles);
+    }
     let float_ids = f.arg(ty(ScalarType::F32, &[4]));
     refused(
         f.gather(table, float_ids, &embedding_spec()),
@@ -296,15 +257,7 @@ fn gather_checks_dimension_numbers() {
 }
 
 fn kv_write_spec() -> ScatterSpec {
-    ScatterSpec {
-        update_window_dims: vec![1],
-        inserted_window_dims: vec![0],
-        scatter_dims_to_operand_dims: vec![0],
-        index_vector_dim: 1,
-        update: ScatterUpdate::Replace,
-        indices_are_sorted: false,
-        unique_indices: false,
-    }
+    ScatterSpec::leading_dim(vec![1], ScatterUpdate::Replace)
 }
 
 #[test]
@@ -315,38 +268,32 @@ fn scatter_checks_dimension_numbers() {
     let rows = f.arg(ty(ScalarType::F32, &[4, 3]));
     f.scatter(pool, slots, rows, &kv_write_spec())
         .expect("the KV write is valid");
-    let wide = f.arg(ty(ScalarType::F32, &[4, 4]));
-    refused(
-        f.scatter(pool, slots, wide, &kv_write_spec()),
-        "scatter",
-        &["window dim 1", "size 4"],
-    );
-    let too_many = f.arg(ty(ScalarType::F32, &[5, 3]));
-    refused(
-        f.scatter(pool, slots, too_many, &kv_write_spec()),
-        "scatter",
-        &["[5]", "[4]"],
-    );
-    let bf = f.arg(ty(ScalarType::Bf16, &[4, 3]));
-    refused(
-        f.scatter(pool, slots, bf, &kv_write_spec()),
-        "scatter",
-        &["element type"],
-    );
-    let spec = ScatterSpec {
-        inserted_window_dims: vec![],
-        ..kv_write_spec()
-    };
-    refused(f.scatter(pool, slots, rows, &spec), "scatter", &["rank 2"]);
-    let spec = ScatterSpec {
-        scatter_dims_to_operand_dims: vec![0, 1],
-        ..kv_write_spec()
-    };
-    refused(
-        f.scatter(pool, slots, rows, &spec),
-        "scatter",
-        &["scatter_dims_to_operand_dims"],
-    );
+    let updates: [(TensorType, &[&str]); 3] = [
+        (ty(ScalarType::F32, &[4, 4]), &["window dim 1", "size 4"]),
+        (ty(ScalarType::F32, &[5, 3]), &["[5]", "[4]"]),
+        (ty(ScalarType::Bf16, &[4, 3]), &["element type"]),
+    ];
+    for (update, needles) in updates {
+        let update = f.arg(update);
+        refused(
+            f.scatter(pool, slots, update, &kv_write_spec()),
+            "scatter",
+            needles,
+        );
+    }
+    type Corrupt = fn(&mut ScatterSpec);
+    let cases: [(Corrupt, &[&str]); 2] = [
+        (|s| s.inserted_window_dims = vec![], &["rank 2"]),
+        (
+            |s| s.scatter_dims_to_operand_dims = vec![0, 1],
+            &["scatter_dims_to_operand_dims"],
+        ),
+    ];
+    for (corrupt, needles) in cases {
+        let mut spec = kv_write_spec();
+        corrupt(&mut spec);
+        refused(f.scatter(pool, slots, rows, &spec), "scatter", needles);
+    }
 }
 
 #[test]

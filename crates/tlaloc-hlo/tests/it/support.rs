@@ -1,13 +1,25 @@
 //! Host tensors, a deterministic input generator, index arithmetic for the reference
 //! computations, and the comparison of plugin results with references.
 
-use tlaloc_hlo::{ConstData, Module, Scalar, ScalarType, TensorType, bf16, f16};
+use tlaloc_hlo::{ConstData, GatherSpec, Module, Scalar, ScalarType, TensorType, bf16, f16};
 
 /// A row-major host tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
     pub dims: Vec<usize>,
     pub data: ConstData,
+}
+
+/// Row lookup as the embedding does: a table [rows, 3] indexed by ids [n] gives [n, 3].
+pub fn embedding_spec() -> GatherSpec {
+    GatherSpec {
+        offset_dims: vec![1],
+        collapsed_slice_dims: vec![0],
+        start_index_map: vec![0],
+        index_vector_dim: 1,
+        slice_sizes: vec![1, 3],
+        indices_are_sorted: false,
+    }
 }
 
 pub fn t(dims: impl Into<Vec<usize>>, data: impl Into<ConstData>) -> Tensor {
