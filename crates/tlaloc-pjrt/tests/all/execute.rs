@@ -1,7 +1,9 @@
 //! StableHLO programs run on every test plugin and checked against Rust reference computations.
 
 use half::bf16;
-use tlaloc_pjrt::{Buffer, Client, CompileOptions, ElementType, Error, ExecuteArg};
+use tlaloc_pjrt::{
+    Buffer, Client, CompileOptions, ElementType, Error, ExecuteArg, LoadedExecutable,
+};
 
 use crate::common::{compile, on_each_plugin, values};
 
@@ -44,28 +46,56 @@ fn assert_close(actual: &[f32], expected: &[f32], tolerance: f32) {
     }
 }
 
-fn run_matmul(client: &Client, executable: &tlaloc_pjrt::LoadedExecutable, seed: u64) {
-    let device = client.first_device().unwrap();
-    let a = values(seed, M * K);
-    let b = values(seed + 1, K * N);
-    let a_buf = client
-        .buffer_from_host(&a, &[M as i64, K as i64], &device)
-        .unwrap();
-    let b_buf = client
-        .buffer_from_host(&b, &[K as i64, N as i64], &device)
-        .unwrap();
-    let outputs = executable
-        .execute(vec![
-            ExecuteArg::Borrowed(&a_buf),
-            ExecuteArg::Borrowed(&b_buf),
-        ])
-        .unwrap();
+/// The matmul inputs for `seed` (the second from `seed + 1`), on the host and on the first device.
+struct MatmulInputs {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    a_buf: Buffer,
+    b_buf: Buffer,
+}
+
+impl MatmulInputs {
+    fn upload(client: &Client, seed: u64) -> Self {
+        let device = client.first_device().unwrap();
+        let a = values(seed, M * K);
+        let b = values(seed + 1, K * N);
+        let a_buf = client
+            .buffer_from_host(&a, &[M as i64, K as i64], &device)
+            .unwrap();
+        let b_buf = client
+            .buffer_from_host(&b, &[K as i64, N as i64], &device)
+            .unwrap();
+        MatmulInputs { a, b, a_buf, b_buf }
+    }
+
+    fn args(&self) -> Vec<ExecuteArg<'_>> {
+        vec![
+            ExecuteArg::Borrowed(&self.a_buf),
+            ExecuteArg::Borrowed(&self.b_buf),
+        ]
+    }
+
+    fn reference(&self) -> Vec<f32> {
+        matmul_reference(&self.a, &self.b)
+    }
+}
+
+/// Runs `executable` with every buffer borrowed, in order.
+fn execute_borrowed(executable: &LoadedExecutable, buffers: &[&Buffer]) -> Vec<Buffer> {
+    executable
+        .execute(buffers.iter().map(|b| ExecuteArg::Borrowed(b)).collect())
+        .unwrap()
+}
+
+fn run_matmul(client: &Client, executable: &LoadedExecutable, seed: u64) {
+    let inputs = MatmulInputs::upload(client, seed);
+    let outputs = executable.execute(inputs.args()).unwrap();
     assert_eq!(outputs.len(), 1);
     assert_eq!(outputs[0].dims().unwrap(), vec![M as i64, N as i64]);
     assert_eq!(outputs[0].element_type().unwrap(), ElementType::F32);
     assert_close(
         &outputs[0].to_host_vec::<f32>().unwrap(),
-        &matmul_reference(&a, &b),
+        &inputs.reference(),
         1e-5,
     );
 }
@@ -99,9 +129,7 @@ fn gather_takes_rows_by_index() {
         let executable = compile(client, program);
         let t = client.buffer_from_host(&table, &[5, 3], &device).unwrap();
         let i = client.buffer_from_host(&indices, &[4], &device).unwrap();
-        let out = executable
-            .execute(vec![ExecuteArg::Borrowed(&t), ExecuteArg::Borrowed(&i)])
-            .unwrap();
+        let out = execute_borrowed(&executable, &[&t, &i]);
         assert_eq!(out[0].to_host_vec::<f32>().unwrap(), expected);
     });
 }
@@ -133,13 +161,7 @@ fn scatter_drops_out_of_bounds_indices() {
         let t = client.buffer_from_host(&table, &[6, 2], &device).unwrap();
         let i = client.buffer_from_host(&indices, &[4], &device).unwrap();
         let u = client.buffer_from_host(&updates, &[4, 2], &device).unwrap();
-        let out = executable
-            .execute(vec![
-                ExecuteArg::Borrowed(&t),
-                ExecuteArg::Borrowed(&i),
-                ExecuteArg::Borrowed(&u),
-            ])
-            .unwrap();
+        let out = execute_borrowed(&executable, &[&t, &i, &u]);
         let got = out[0].to_host_vec::<f32>().unwrap();
         assert_eq!(got, expected);
         // Rows only an out-of-bounds index aimed at keep their old values bit for bit.
@@ -168,64 +190,79 @@ const UPDATE_SLICE: &str = r#"module @update {
   }
 }"#;
 
-fn update_reference(pool: &[f32], update: &[f32], row: usize) -> Vec<f32> {
-    let mut expected = pool.to_vec();
-    expected[row * 4..row * 4 + 8].copy_from_slice(update);
-    expected
+/// The inputs of `UPDATE_SLICE`: the pool (from `seed`) and the update (from `seed + 1`) on the
+/// host, and the update and the row index on the first device.
+struct UpdateInputs {
+    pool: Vec<f32>,
+    update: Vec<f32>,
+    row: usize,
+    update_buf: Buffer,
+    row_buf: Buffer,
+}
+
+impl UpdateInputs {
+    /// The inputs and the pool's own buffer, kept apart so that a test can donate it.
+    fn upload(client: &Client, seed: u64, row: usize) -> (Self, Buffer) {
+        let device = client.first_device().unwrap();
+        let pool = values(seed, 32);
+        let update = values(seed + 1, 8);
+        let pool_buf = client.buffer_from_host(&pool, &[8, 4], &device).unwrap();
+        let update_buf = client.buffer_from_host(&update, &[2, 4], &device).unwrap();
+        let row_buf = client
+            .buffer_from_host(&[row as i32], &[], &device)
+            .unwrap();
+        let inputs = UpdateInputs {
+            pool,
+            update,
+            row,
+            update_buf,
+            row_buf,
+        };
+        (inputs, pool_buf)
+    }
+
+    /// Runs the update on `pool`, borrowed or donated.
+    fn run<'a>(&'a self, executable: &LoadedExecutable, pool: ExecuteArg<'a>) -> Vec<Buffer> {
+        executable
+            .execute(vec![
+                pool,
+                ExecuteArg::Borrowed(&self.update_buf),
+                ExecuteArg::Borrowed(&self.row_buf),
+            ])
+            .unwrap()
+    }
+
+    fn expected(&self) -> Vec<f32> {
+        let mut expected = self.pool.clone();
+        expected[self.row * 4..self.row * 4 + 8].copy_from_slice(&self.update);
+        expected
+    }
 }
 
 #[test]
 fn donated_input_is_updated_in_place() {
     on_each_plugin(|_, client| {
-        let device = client.first_device().unwrap();
         let executable = compile(client, UPDATE_SLICE);
-        let pool = values(21, 32);
-        let update = values(22, 8);
-        let pool_buf = client.buffer_from_host(&pool, &[8, 4], &device).unwrap();
-        let update_buf = client.buffer_from_host(&update, &[2, 4], &device).unwrap();
-        let row = client.buffer_from_host(&[3i32], &[], &device).unwrap();
+        let (inputs, pool_buf) = UpdateInputs::upload(client, 21, 3);
         let before = pool_buf.unsafe_device_pointer().unwrap();
         // `pool_buf` is moved into the call: the compiler refuses any later use of it.
-        let out = executable
-            .execute(vec![
-                ExecuteArg::Donated(pool_buf),
-                ExecuteArg::Borrowed(&update_buf),
-                ExecuteArg::Borrowed(&row),
-            ])
-            .unwrap();
+        let out = inputs.run(&executable, ExecuteArg::Donated(pool_buf));
         assert_eq!(
             out[0].unsafe_device_pointer().unwrap(),
             before,
             "the output must reuse the donated memory"
         );
-        assert_eq!(
-            out[0].to_host_vec::<f32>().unwrap(),
-            update_reference(&pool, &update, 3)
-        );
+        assert_eq!(out[0].to_host_vec::<f32>().unwrap(), inputs.expected());
     });
 }
 
 #[test]
 fn borrowed_input_is_never_donated() {
     on_each_plugin(|_, client| {
-        let device = client.first_device().unwrap();
         let executable = compile(client, UPDATE_SLICE);
-        let pool = values(31, 32);
-        let update = values(32, 8);
-        let pool_buf = client.buffer_from_host(&pool, &[8, 4], &device).unwrap();
-        let update_buf = client.buffer_from_host(&update, &[2, 4], &device).unwrap();
-        let row = client.buffer_from_host(&[5i32], &[], &device).unwrap();
-        let out = executable
-            .execute(vec![
-                ExecuteArg::Borrowed(&pool_buf),
-                ExecuteArg::Borrowed(&update_buf),
-                ExecuteArg::Borrowed(&row),
-            ])
-            .unwrap();
-        assert_eq!(
-            out[0].to_host_vec::<f32>().unwrap(),
-            update_reference(&pool, &update, 5)
-        );
+        let (inputs, pool_buf) = UpdateInputs::upload(client, 31, 5);
+        let out = inputs.run(&executable, ExecuteArg::Borrowed(&pool_buf));
+        assert_eq!(out[0].to_host_vec::<f32>().unwrap(), inputs.expected());
         assert!(!pool_buf.is_deleted().unwrap());
         assert_ne!(
             out[0].unsafe_device_pointer().unwrap(),
@@ -233,7 +270,7 @@ fn borrowed_input_is_never_donated() {
         );
         assert_eq!(
             pool_buf.to_host_vec::<f32>().unwrap(),
-            pool,
+            inputs.pool,
             "a borrowed input must be left intact"
         );
     });
@@ -265,12 +302,7 @@ fn bf16_program_matches_rust_bf16() {
         let executable = compile(client, program);
         let a_buf = client.buffer_from_host(&a, &[6], &device).unwrap();
         let b_buf = client.buffer_from_host(&b, &[6], &device).unwrap();
-        let out = executable
-            .execute(vec![
-                ExecuteArg::Borrowed(&a_buf),
-                ExecuteArg::Borrowed(&b_buf),
-            ])
-            .unwrap();
+        let out = execute_borrowed(&executable, &[&a_buf, &b_buf]);
         assert_eq!(out[0].element_type().unwrap(), ElementType::BF16);
         assert_eq!(out[0].on_device_size().unwrap(), 12);
         assert_eq!(out[0].to_host_vec::<bf16>().unwrap(), expected);
@@ -297,43 +329,25 @@ fn concurrent_executes_from_several_threads() {
 #[test]
 fn async_readback_lands_after_launching_more_work() {
     on_each_plugin(|_, client| {
-        let device = client.first_device().unwrap();
         let executable = compile(client, &matmul_program());
-        let a = values(41, M * K);
-        let b = values(42, K * N);
-        let a_buf = client
-            .buffer_from_host(&a, &[M as i64, K as i64], &device)
-            .unwrap();
-        let b_buf = client
-            .buffer_from_host(&b, &[K as i64, N as i64], &device)
-            .unwrap();
-        let first = executable
-            .execute(vec![
-                ExecuteArg::Borrowed(&a_buf),
-                ExecuteArg::Borrowed(&b_buf),
-            ])
-            .unwrap();
+        let inputs = MatmulInputs::upload(client, 41);
+        let first = executable.execute(inputs.args()).unwrap();
         let pending = first[0].to_host_async().unwrap();
-        let (second, done) = executable
-            .execute_with_completion(vec![
-                ExecuteArg::Borrowed(&a_buf),
-                ExecuteArg::Borrowed(&b_buf),
-            ])
-            .unwrap();
+        let (second, done) = executable.execute_with_completion(inputs.args()).unwrap();
         drop(first);
         let bytes = pending.wait().unwrap();
         let got: Vec<f32> = bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        assert_close(&got, &matmul_reference(&a, &b), 1e-5);
+        assert_close(&got, &inputs.reference(), 1e-5);
         if let Some(done) = done {
             done.wait().unwrap();
             assert!(done.is_ready().unwrap());
         }
         assert_close(
             &second[0].to_host_vec::<f32>().unwrap(),
-            &matmul_reference(&a, &b),
+            &inputs.reference(),
             1e-5,
         );
     });
@@ -419,45 +433,23 @@ fn a_copy_on_the_same_device_is_an_independent_buffer() {
     on_each_plugin(|_, client| {
         let device = client.first_device().unwrap();
         let executable = compile(client, UPDATE_SLICE);
-        let pool = values(41, 32);
-        let update = values(42, 8);
-        let original = client.buffer_from_host(&pool, &[8, 4], &device).unwrap();
+        let (inputs, original) = UpdateInputs::upload(client, 41, 2);
         let copy = original.copy_to_device(&device).unwrap();
         let spare = original.copy_to_device(&device).unwrap();
-        assert_eq!(copy.to_host_vec::<f32>().unwrap(), pool);
+        assert_eq!(copy.to_host_vec::<f32>().unwrap(), inputs.pool);
         assert_ne!(
             copy.unsafe_device_pointer().unwrap(),
             original.unsafe_device_pointer().unwrap(),
             "a copy must have memory of its own"
         );
-        let update_buf = client.buffer_from_host(&update, &[2, 4], &device).unwrap();
-        let row = client.buffer_from_host(&[2i32], &[], &device).unwrap();
         // Donating the copy must leave the original untouched, and donating the original must
         // leave the other copy untouched.
-        let out = executable
-            .execute(vec![
-                ExecuteArg::Donated(copy),
-                ExecuteArg::Borrowed(&update_buf),
-                ExecuteArg::Borrowed(&row),
-            ])
-            .unwrap();
-        assert_eq!(
-            out[0].to_host_vec::<f32>().unwrap(),
-            update_reference(&pool, &update, 2)
-        );
-        assert_eq!(original.to_host_vec::<f32>().unwrap(), pool);
-        let out = executable
-            .execute(vec![
-                ExecuteArg::Donated(original),
-                ExecuteArg::Borrowed(&update_buf),
-                ExecuteArg::Borrowed(&row),
-            ])
-            .unwrap();
-        assert_eq!(
-            out[0].to_host_vec::<f32>().unwrap(),
-            update_reference(&pool, &update, 2)
-        );
+        let out = inputs.run(&executable, ExecuteArg::Donated(copy));
+        assert_eq!(out[0].to_host_vec::<f32>().unwrap(), inputs.expected());
+        assert_eq!(original.to_host_vec::<f32>().unwrap(), inputs.pool);
+        let out = inputs.run(&executable, ExecuteArg::Donated(original));
+        assert_eq!(out[0].to_host_vec::<f32>().unwrap(), inputs.expected());
         assert!(!spare.is_deleted().unwrap());
-        assert_eq!(spare.to_host_vec::<f32>().unwrap(), pool);
+        assert_eq!(spare.to_host_vec::<f32>().unwrap(), inputs.pool);
     });
 }
