@@ -34,12 +34,21 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Starts an engine on `model` and checks one greedy generation of `prompt` against the
+/// reference.
+fn generates_the_reference(model: Model, prompt: &[u32], max_tokens: usize) {
+    let engine = Engine::start(model).unwrap();
+    let got = engine
+        .generate_blocking(GenerateRequest::greedy(prompt.to_vec(), max_tokens))
+        .unwrap();
+    assert_eq!(got.token_ids, reference_generate(prompt, max_tokens));
+    engine.shutdown();
+}
+
 #[test]
 fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
-    let tmp = tempfile::tempdir().unwrap();
     // 15 allocatable pages of 4 tokens for eight sequences of up to 31 tokens: preemption.
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 16);
+    let (_tmp, dir) = toy::temp(16);
     for plugin in test_plugin_paths() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager))
             .unwrap_or_else(|e| panic!("loading the toy artifact on {}: {e}", plugin.display()));
@@ -111,9 +120,7 @@ fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
 
 #[test]
 fn the_compile_cache_serves_a_second_start_with_the_same_results() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 32);
+    let (tmp, dir) = toy::temp(32);
     for plugin in test_plugin_paths() {
         let cache = tmp.path().join(format!(
             "cache-{}",
@@ -145,41 +152,25 @@ fn the_compile_cache_serves_a_second_start_with_the_same_results() {
             cold_timings.compile,
             warm_timings.compile
         );
-        let engine = Engine::start(warm).unwrap();
-        let prompt = prompts()[6].clone();
-        let got = engine
-            .generate_blocking(GenerateRequest::greedy(prompt.clone(), 10))
-            .unwrap();
-        assert_eq!(got.token_ids, reference_generate(&prompt, 10));
-        engine.shutdown();
+        generates_the_reference(warm, &prompts()[6], 10);
     }
 }
 
 #[test]
 fn lazy_compilation_defers_every_entry_and_still_generates() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 32);
+    let (_tmp, dir) = toy::temp(32);
     for plugin in test_plugin_paths() {
         let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
         let timings = model.load_timings().unwrap();
         assert_eq!(timings.compiled + timings.cache_hits, 0);
         assert_eq!(timings.deferred, model.shape().ladder.points().len());
-        let engine = Engine::start(model).unwrap();
-        let prompt = prompts()[7].clone();
-        let got = engine
-            .generate_blocking(GenerateRequest::greedy(prompt.clone(), 12))
-            .unwrap();
-        assert_eq!(got.token_ids, reference_generate(&prompt, 12));
-        engine.shutdown();
+        generates_the_reference(model, &prompts()[7], 12);
     }
 }
 
 #[test]
 fn padded_rows_write_nothing_and_unowned_slots_stay_bit_identical() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 32);
+    let (_tmp, dir) = toy::temp(32);
     for plugin in test_plugin_paths() {
         let mut model = Model::load(&dir, &options(&plugin, None, CompileMode::Eager)).unwrap();
         let mut scheduler = Scheduler::new(model.shape()).unwrap();
@@ -244,9 +235,7 @@ fn padded_rows_write_nothing_and_unowned_slots_stay_bit_identical() {
 
 #[test]
 fn every_pool_is_zero_after_loading() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 32);
+    let (_tmp, dir) = toy::temp(32);
     for plugin in test_plugin_paths() {
         let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
         // The toy has one layer: pool 0 (K) is uploaded, pool 1 (V) made from it on the device.
@@ -267,9 +256,7 @@ fn every_pool_is_zero_after_loading() {
 
 #[test]
 fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 64);
+    let (_tmp, dir) = toy::temp(64);
     for plugin in test_plugin_paths() {
         // Chains form whatever this machine's step time: the window is an hour, not 20 ms.
         let options = LoadOptions {
@@ -305,9 +292,7 @@ fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
 /// never read, so the cached code of the original ran and the edit went unnoticed.
 #[test]
 fn a_warm_compile_cache_does_not_hide_a_tampered_body() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 32);
+    let (tmp, dir) = toy::temp(32);
     let plugin = test_plugin_paths().remove(0);
     let cache = tmp.path().join("cache");
     let warm = Model::load(

@@ -166,9 +166,7 @@ fn a_continuation_past_the_top_context_is_refused_and_the_sequence_stays_parked(
 /// whole history.
 #[test]
 fn a_conversation_continued_through_the_engine_matches_the_reference_on_every_plugin() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 64);
+    let (_tmp, dir) = toy::temp(64);
     for plugin in test_plugin_paths() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
         let turns: [Vec<u32>; 3] = [vec![3, 14, 15, 9, 2, 6, 5], vec![35, 8], vec![9, 7, 9]];

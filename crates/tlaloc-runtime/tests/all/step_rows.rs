@@ -74,9 +74,7 @@ fn rows_from_an_external_scheduler_match_the_reference() {
 
 #[test]
 fn rows_from_an_external_scheduler_match_the_reference_on_every_plugin() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("toy");
-    toy::write(&dir, 16);
+    let (_tmp, dir) = toy::temp(16);
     for plugin in test_plugin_paths() {
         let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
         let mut steps = StepExecutor::new(model);

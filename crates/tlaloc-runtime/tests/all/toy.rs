@@ -7,7 +7,7 @@
 //! `reference_next` computes the same number from the plain token list: a wrong slot, page,
 //! sequence length or a lost pool between steps changes the tokens.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tlaloc_artifact::{
     ArtifactWriter, Dtype, Entry, FORMAT_VERSION, KvCacheLayout, Ladder, Manifest, ManifestModel,
@@ -141,6 +141,15 @@ fn model_config() -> ManifestModel {
         bos_token_id: None,
         eos_token_ids: vec![],
     }
+}
+
+/// Writes the toy artifact with a pool of `num_blocks` pages into a new temporary folder: the
+/// folder (removed when it drops) and the artifact's path in it.
+pub fn temp(num_blocks: usize) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    write(&dir, num_blocks);
+    (tmp, dir)
 }
 
 /// Writes the toy artifact with a pool of `num_blocks` pages into `dir`.
