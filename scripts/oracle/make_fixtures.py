@@ -45,18 +45,23 @@ def common(**overrides):
     return base
 
 
-def small_llama(**overrides):
-    return LlamaConfig(
-        **common(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-            **overrides,
-        )
+def small(config_cls, **overrides):
+    """A small `config_cls` with the default RoPE, unless `overrides` say otherwise."""
+    sizes = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
+    sizes.update(overrides)
+    return config_cls(**common(**sizes))
+
+
+def small_llama(**overrides):
+    return small(LlamaConfig, **overrides)
 
 
 def fixture_specs():
@@ -66,7 +71,7 @@ def fixture_specs():
             "tiny-llama-gqa",
             1001,
             LlamaForCausalLM,
-            small_llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            small_llama(),
             torch.float32,
             False,
         ),
@@ -74,16 +79,8 @@ def fixture_specs():
             "tiny-llama-tied",
             1002,
             LlamaForCausalLM,
-            LlamaConfig(
-                **common(
-                    vocab_size=49152,
-                    hidden_size=32,
-                    intermediate_size=64,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    tie_word_embeddings=True,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                )
+            small_llama(
+                vocab_size=49152, hidden_size=32, intermediate_size=64, tie_word_embeddings=True
             ),
             # f32 would put 6.3 MB of embedding alone into the repo; bf16 halves it.
             torch.bfloat16,
@@ -93,18 +90,7 @@ def fixture_specs():
             "tiny-qwen2-bias",
             1003,
             Qwen2ForCausalLM,
-            Qwen2Config(
-                **common(
-                    vocab_size=512,
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    tie_word_embeddings=False,
-                    use_sliding_window=False,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                )
-            ),
+            small(Qwen2Config, use_sliding_window=False),
             torch.float32,
             False,
         ),

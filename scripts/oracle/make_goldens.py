@@ -252,6 +252,18 @@ def load_model(path, **kwargs):
     return model
 
 
+def run_raw_cases(model, tokenizer, eos, texts: dict, new_tokens: int, cases: list, tensors: dict):
+    """Runs each named text as a raw case (special tokens added); appends to `cases`, `tensors`."""
+    for name, text in texts.items():
+        prompt_ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        record, case_tensors = run_case(
+            model, tokenizer, eos, name, "raw", prompt_ids, new_tokens,
+            text=text, add_special_tokens=True, full_logits=False,
+        )
+        cases.append(record)
+        tensors.update(case_tensors)
+
+
 def smollm2(gguf: pathlib.Path, the_versions: dict):
     if not gguf.is_file():
         raise SystemExit(
@@ -261,14 +273,7 @@ def smollm2(gguf: pathlib.Path, the_versions: dict):
     model = load_model(gguf.parent, gguf_file=gguf.name)
     eos = eos_ids(model)
     cases, tensors = [], {}
-    for name, text in SMOLLM2_RAW.items():
-        prompt_ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-        record, case_tensors = run_case(
-            model, tokenizer, eos, name, "raw", prompt_ids, SMOLLM2_NEW_TOKENS,
-            text=text, add_special_tokens=True, full_logits=False,
-        )
-        cases.append(record)
-        tensors.update(case_tensors)
+    run_raw_cases(model, tokenizer, eos, SMOLLM2_RAW, SMOLLM2_NEW_TOKENS, cases, tensors)
     capital = cases[0]
     if capital["prompt_ids"] != [504, 3575, 282, 4649, 314]:
         raise SystemExit(f"SmolLM2 capital prompt ids changed: {capital['prompt_ids']}")
@@ -353,14 +358,7 @@ def tiny(name: str, gguf: pathlib.Path, the_versions: dict):
             reference = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             if tokenizer_cases(reference) != golden["tokenizer_cases"]:
                 raise SystemExit(f"{name}: saved tokenizer disagrees with the GGUF's tokenizer")
-        for case, text in TIED_RAW.items():
-            prompt_ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-            record, case_tensors = run_case(
-                model, tokenizer, eos, case, "raw", prompt_ids, TINY_NEW_TOKENS,
-                text=text, add_special_tokens=True, full_logits=False,
-            )
-            cases.append(record)
-            tensors.update(case_tensors)
+        run_raw_cases(model, tokenizer, eos, TIED_RAW, TINY_NEW_TOKENS, cases, tensors)
     return golden, tensors
 
 
