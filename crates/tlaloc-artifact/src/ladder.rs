@@ -349,22 +349,31 @@ impl Default for LadderOptions {
     /// 12 decode and 3 prefill entries. The pool holds every row of the top batch at the top
     /// context, plus the scratch block.
     fn default() -> Self {
-        let max_batch = 8;
-        let max_context = 512;
-        let block_size = 16;
+        LadderOptions::full_pool(8, 512, 16, vec![128])
+    }
+}
+
+impl LadderOptions {
+    /// Options for batches up to `max_batch` and contexts up to `max_context` in blocks of
+    /// `block_size`, with the given prefill chunks and derived buckets, and a pool that holds
+    /// every row of the top batch at the top context, plus the scratch block.
+    pub fn full_pool(
+        max_batch: usize,
+        max_context: usize,
+        block_size: usize,
+        prefill_chunks: Vec<usize>,
+    ) -> LadderOptions {
         LadderOptions {
             max_batch,
             max_context,
             block_size,
             num_blocks: 1 + max_batch * (max_context / block_size),
-            prefill_chunks: vec![128],
+            prefill_chunks,
             batch_buckets: Vec::new(),
             context_buckets: Vec::new(),
         }
     }
-}
 
-impl LadderOptions {
     /// Derives the ladder:
     /// - batch buckets are the powers of two below `max_batch`, then `max_batch` itself;
     /// - context buckets start at the smallest multiple of `block_size` that is at least

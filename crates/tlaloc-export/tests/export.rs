@@ -10,14 +10,7 @@ use tlaloc_artifact::{Artifact, ArtifactError, Dtype, LadderError, LadderOptions
 use tlaloc_export::{ExportError, ExportOptions, IngestError, export};
 
 fn small_ladder() -> LadderOptions {
-    LadderOptions {
-        max_batch: 2,
-        max_context: 128,
-        block_size: 16,
-        num_blocks: 1 + 2 * 128 / 16,
-        prefill_chunks: vec![16, 64],
-        ..LadderOptions::default()
-    }
+    LadderOptions::full_pool(2, 128, 16, vec![16, 64])
 }
 
 fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {

@@ -37,23 +37,16 @@ fn export_to(checkpoint: &Path, name: &str, dtype: Dtype, ladder: LadderOptions)
 
 /// Batch up to 2, one context bucket of 128 in blocks of 16, prefill chunks of 16 tokens.
 fn tiny_ladder() -> LadderOptions {
-    LadderOptions {
-        max_batch: 2,
-        max_context: 128,
-        block_size: 16,
-        num_blocks: 1 + 2 * 128 / 16,
-        prefill_chunks: vec![16],
-        ..LadderOptions::default()
-    }
+    LadderOptions::full_pool(2, 128, 16, vec![16])
+}
+
+/// The fixture `model` exported in f32 with [`tiny_ladder`] to the scratch directory `name`.
+fn export_tiny(model: &str, name: &str) -> PathBuf {
+    export_to(&support::fixture(model), name, Dtype::F32, tiny_ladder())
 }
 
 fn check_tiny(model: &str) {
-    let dir = export_to(
-        &support::fixture(model),
-        &format!("forward-{model}"),
-        Dtype::F32,
-        tiny_ladder(),
-    );
+    let dir = export_tiny(model, &format!("forward-{model}"));
     let cases = goldens(model);
     for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
         let mut runner = Runner::new(&dir, &plugin);
@@ -133,12 +126,7 @@ fn changed_slots(before: &[Vec<u8>], after: &[Vec<u8>], slot_bytes: usize) -> Ve
 /// step is bit-identical before and after it (pools read back and compared byte for byte).
 #[test]
 fn padding_writes_nothing_and_unowned_slots_are_untouched() {
-    let dir = export_to(
-        &support::fixture("tiny-llama-gqa"),
-        "forward-padding",
-        Dtype::F32,
-        tiny_ladder(),
-    );
+    let dir = export_tiny("tiny-llama-gqa", "forward-padding");
     let ladder = tiny_ladder().ladder().unwrap();
     for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
         let mut runner = Runner::new(&dir, &plugin);
@@ -202,12 +190,7 @@ fn padding_writes_nothing_and_unowned_slots_are_untouched() {
 /// A prompt longer than the top context bucket is refused by name before anything runs.
 #[test]
 fn prompt_past_top_context_is_refused() {
-    let dir = export_to(
-        &support::fixture("tiny-llama-gqa"),
-        "forward-refusal",
-        Dtype::F32,
-        tiny_ladder(),
-    );
+    let dir = export_tiny("tiny-llama-gqa", "forward-refusal");
     let plugin = tlaloc_pjrt::testing::test_plugin_paths().remove(0);
     let mut runner = Runner::new(&dir, &plugin);
     let prompt = vec![1i32; 129];
@@ -227,14 +210,7 @@ fn prompt_past_top_context_is_refused() {
 
 /// SmolLM2's ladder for the tests: batch 1, one context bucket of 128, one prefill chunk of 64.
 fn smollm2_ladder() -> LadderOptions {
-    LadderOptions {
-        max_batch: 1,
-        max_context: 128,
-        block_size: 16,
-        num_blocks: 1 + 128 / 16,
-        prefill_chunks: vec![64],
-        ..LadderOptions::default()
-    }
+    LadderOptions::full_pool(1, 128, 16, vec![64])
 }
 
 /// The SmolLM2 f32 and bf16 exports, made once for every test of this binary that needs them

@@ -61,6 +61,17 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
     bad
 }
 
+/// Asserts that every tensor of `checkpoint` hashes as `golden` records; `what` names it.
+fn assert_tensors_match(checkpoint: &Checkpoint, golden: &Value, what: &str) {
+    let bad = hash_mismatches(checkpoint, golden);
+    assert!(
+        bad.is_empty(),
+        "{what}: {} tensors differ:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
 #[test]
 fn smollm2_gguf_tensors_equal_transformers_dequantized_state_dict_bit_for_bit() {
     let checkpoint = Checkpoint::open(smollm2_gguf()).expect("open SmolLM2 GGUF");
@@ -84,13 +95,27 @@ fn smollm2_gguf_tensors_equal_transformers_dequantized_state_dict_bit_for_bit() 
         c.bos_token_id.map(u64::from),
         golden["bos_token_id"].as_u64()
     );
-    let bad = hash_mismatches(&checkpoint, &golden);
-    assert!(
-        bad.is_empty(),
-        "{} tensors differ:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
+    assert_tensors_match(&checkpoint, &golden, "SmolLM2-135M-Instruct");
+}
+
+/// A golden's list of token ids.
+fn json_ids(ids: &Value) -> Vec<u64> {
+    ids.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+/// The ids `tokenizer` gives `text`.
+fn encoded_ids(tokenizer: &tokenizers::Tokenizer, text: &str, add_special: bool) -> Vec<u64> {
+    tokenizer
+        .encode(text, add_special)
+        .unwrap()
+        .get_ids()
+        .iter()
+        .map(|&i| i.into())
+        .collect()
 }
 
 fn assert_token_cases(tokenizer: &tokenizers::Tokenizer, golden: &Value) -> usize {
@@ -102,19 +127,8 @@ fn assert_token_cases(tokenizer: &tokenizers::Tokenizer, golden: &Value) -> usiz
     {
         let text = case["text"].as_str().unwrap();
         let add_special = case["add_special_tokens"].as_bool().unwrap();
-        let expected: Vec<u64> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
-        let got: Vec<u64> = tokenizer
-            .encode(text, add_special)
-            .unwrap()
-            .get_ids()
-            .iter()
-            .map(|&i| i.into())
-            .collect();
+        let expected = json_ids(&case["ids"]);
+        let got = encoded_ids(tokenizer, text, add_special);
         if got != expected {
             bad.push(format!(
                 "{text:?} (add_special_tokens {add_special}): {got:?} != {expected:?}"
@@ -131,19 +145,8 @@ fn assert_token_cases(tokenizer: &tokenizers::Tokenizer, golden: &Value) -> usiz
                 None => continue,
             },
         };
-        let expected: Vec<u64> = case["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
-        let got: Vec<u64> = tokenizer
-            .encode(text, add_special)
-            .unwrap()
-            .get_ids()
-            .iter()
-            .map(|&i| i.into())
-            .collect();
+        let expected = json_ids(&case["prompt_ids"]);
+        let got = encoded_ids(tokenizer, text, add_special);
         if got != expected {
             bad.push(format!("case {}: {got:?} != {expected:?}", case["name"]));
         }
@@ -221,13 +224,7 @@ fn tiny_fixtures_open_every_role_resolves_with_its_shape_and_transformers_values
             );
         }
         let golden = golden_json(&name);
-        let bad = hash_mismatches(&checkpoint, &golden);
-        assert!(
-            bad.is_empty(),
-            "{name}: {} tensors differ:\n{}",
-            bad.len(),
-            bad.join("\n")
-        );
+        assert_tensors_match(&checkpoint, &golden, &name);
         if golden.get("tokenizer_cases").is_some() {
             let tokenizer = checkpoint.tokenizer.tokenizer().unwrap();
             assert_token_cases(&tokenizer, &golden);
@@ -349,85 +346,76 @@ fn safetensors_unsupported_dtype_and_offsets_past_end_are_refused_by_name() {
     assert_eq!(tensors[0].1.data.dtype_name(), "BF16");
 }
 
+/// Sets each key of the config to its value, or removes it where the value is `None`, in order.
+fn edit_keys(dir: &Path, edits: &[(&str, Option<Value>)]) {
+    edit_config(dir, |c| {
+        for (key, value) in edits {
+            match value {
+                Some(value) => {
+                    c.insert(key.to_string(), value.clone());
+                }
+                None => {
+                    c.remove(*key);
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn config_refusals_name_the_field_and_value() {
-    type Edit = Box<dyn Fn(&mut serde_json::Map<String, Value>)>;
-    let cases: Vec<(&str, Edit, &str)> = vec![
+    use serde_json::json;
+    let mistral = ("architectures", Some(json!(["MistralForCausalLM"])));
+    let cases: Vec<(&str, Vec<(&str, Option<Value>)>, &str)> = vec![
         (
             "shape disagrees",
-            Box::new(|c| {
-                c.insert("intermediate_size".into(), 96.into());
-            }),
+            vec![("intermediate_size", Some(json!(96)))],
             "mlp.gate_proj.weight` has shape [128, 64] but the config implies [96, 64]",
         ),
         (
             "unknown architecture",
-            Box::new(|c| {
-                c.insert(
-                    "architectures".into(),
-                    serde_json::json!(["GPT2LMHeadModel"]),
-                );
-            }),
+            vec![("architectures", Some(json!(["GPT2LMHeadModel"])))],
             "GPT2LMHeadModel",
         ),
         (
             "rope yarn",
-            Box::new(|c| {
-                c.remove("rope_scaling");
-                c.insert(
-                    "rope_parameters".into(),
-                    serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}),
-                );
-            }),
+            vec![
+                ("rope_scaling", None),
+                (
+                    "rope_parameters",
+                    Some(json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})),
+                ),
+            ],
             "yarn",
         ),
         (
             "sliding window",
-            Box::new(|c| {
-                c.insert(
-                    "architectures".into(),
-                    serde_json::json!(["MistralForCausalLM"]),
-                );
-                c.insert("sliding_window".into(), 16.into());
-            }),
+            vec![mistral.clone(), ("sliding_window", Some(json!(16)))],
             "sliding_window",
         ),
         (
             "activation",
-            Box::new(|c| {
-                c.insert("hidden_act".into(), "gelu".into());
-            }),
+            vec![("hidden_act", Some(json!("gelu")))],
             "hidden_act",
         ),
         (
             "kv heads",
-            Box::new(|c| {
-                c.insert("num_key_value_heads".into(), 3.into());
-            }),
+            vec![("num_key_value_heads", Some(json!(3)))],
             "num_key_value_heads",
         ),
-        (
-            "missing field",
-            Box::new(|c| {
-                c.remove("hidden_size");
-            }),
-            "hidden_size",
-        ),
+        ("missing field", vec![("hidden_size", None)], "hidden_size"),
     ];
-    for (what, edit, needle) in cases {
+    for (what, edits, needle) in cases {
         let dir = copy_fixture("tiny-llama-gqa");
-        edit_config(dir.path(), edit);
+        edit_keys(dir.path(), &edits);
         let err = open_err(dir.path());
         assert!(err.to_string().contains(needle), "{what}: {err}");
     }
     let dir = copy_fixture("tiny-llama-gqa");
-    edit_config(dir.path(), |c| {
-        c.insert(
-            "architectures".into(),
-            serde_json::json!(["MistralForCausalLM"]),
-        );
-        c.insert("sliding_window".into(), Value::Null);
-    });
+    edit_keys(
+        dir.path(),
+        &[mistral, ("sliding_window", Some(Value::Null))],
+    );
     Checkpoint::open(dir.path()).expect("Mistral without a sliding window is accepted");
 }
 

@@ -5,6 +5,21 @@ use tlaloc_artifact::{EntryKind, Ladder, LadderError, LadderOptions, LadderPoint
 
 use crate::fixture;
 
+/// Options for batches up to `max_batch` and contexts up to `max_context` in blocks of
+/// `block_size`, a pool of `num_blocks` and the given prefill chunks; the buckets are derived.
+fn options(
+    max_batch: usize,
+    max_context: usize,
+    block_size: usize,
+    num_blocks: usize,
+    prefill_chunks: Vec<usize>,
+) -> LadderOptions {
+    LadderOptions {
+        num_blocks,
+        ..LadderOptions::full_pool(max_batch, max_context, block_size, prefill_chunks)
+    }
+}
+
 /// The smallest point of `kind` (by batch, then tokens, then context) that covers the request.
 fn brute_force(
     ladder: &Ladder,
@@ -24,16 +39,9 @@ fn brute_force(
 
 #[test]
 fn decode_selection_rounds_up_to_the_smallest_covering_point() {
-    let ladder = LadderOptions {
-        max_batch: 6,
-        max_context: 320,
-        block_size: 16,
-        num_blocks: 1 + 6 * 20,
-        prefill_chunks: vec![32, 128],
-        ..LadderOptions::default()
-    }
-    .ladder()
-    .expect("ladder");
+    let ladder = options(6, 320, 16, 1 + 6 * 20, vec![32, 128])
+        .ladder()
+        .expect("ladder");
     for batch in 1..=ladder.max_batch {
         for context in 1..=ladder.max_context {
             let expected = brute_force(&ladder, EntryKind::Decode, batch, 1, context)
@@ -67,50 +75,48 @@ fn requests_over_the_top_are_refused_by_name_not_clamped() {
         }
     );
     assert!(over.to_string().contains("33") && over.to_string().contains("32"));
-    assert_eq!(
-        ladder.decode_entry(3, 4),
-        Err(LadderError::BatchTooLarge {
-            requested: 3,
-            max: 2
-        })
-    );
-    assert_eq!(
-        ladder.prefill_entry(17, 20),
-        Err(LadderError::PrefillChunkTooLarge {
-            requested: 17,
-            max: 16
-        })
-    );
-    assert_eq!(
-        ladder.prefill_entry(4, 40),
-        Err(LadderError::ContextTooLong {
-            requested: 40,
-            max: 32
-        })
-    );
-    assert_eq!(
-        ladder.decode_entry(0, 4),
-        Err(LadderError::Empty { what: "batch" })
-    );
-    assert_eq!(
-        ladder.prefill_entry(9, 8),
-        Err(LadderError::PrefillLongerThanContext {
-            tokens: 9,
-            context: 8
-        })
-    );
+    let refusals = [
+        (
+            ladder.decode_entry(3, 4),
+            LadderError::BatchTooLarge {
+                requested: 3,
+                max: 2,
+            },
+        ),
+        (
+            ladder.prefill_entry(17, 20),
+            LadderError::PrefillChunkTooLarge {
+                requested: 17,
+                max: 16,
+            },
+        ),
+        (
+            ladder.prefill_entry(4, 40),
+            LadderError::ContextTooLong {
+                requested: 40,
+                max: 32,
+            },
+        ),
+        (
+            ladder.decode_entry(0, 4),
+            LadderError::Empty { what: "batch" },
+        ),
+        (
+            ladder.prefill_entry(9, 8),
+            LadderError::PrefillLongerThanContext {
+                tokens: 9,
+                context: 8,
+            },
+        ),
+    ];
+    for (got, expected) in refusals {
+        assert_eq!(got, Err(expected));
+    }
 }
 
 #[test]
 fn block_size_that_does_not_divide_a_context_is_refused() {
-    let options = LadderOptions {
-        max_batch: 4,
-        max_context: 100,
-        block_size: 16,
-        num_blocks: 64,
-        prefill_chunks: vec![16],
-        ..LadderOptions::default()
-    };
+    let options = options(4, 100, 16, 64, vec![16]);
     let err = options.ladder().unwrap_err();
     assert_eq!(
         err,
@@ -156,16 +162,9 @@ fn malformed_ladders_are_refused_naming_the_field() {
 fn derived_ladder_follows_the_stated_rule() {
     // Batch: powers of two below maxBatch, then maxBatch. Context: from the smallest multiple
     // of the block size >= 128, doubling while below maxContext, then maxContext.
-    let ladder = LadderOptions {
-        max_batch: 6,
-        max_context: 600,
-        block_size: 40,
-        num_blocks: 1 + 6 * 600 / 40,
-        prefill_chunks: vec![128, 32, 128],
-        ..LadderOptions::default()
-    }
-    .ladder()
-    .expect("ladder");
+    let ladder = options(6, 600, 40, 1 + 6 * 600 / 40, vec![128, 32, 128])
+        .ladder()
+        .expect("ladder");
     assert_eq!(ladder.batch_buckets, vec![1, 2, 4, 6]);
     assert_eq!(ladder.context_buckets, vec![160, 320, 600]);
     assert_eq!(ladder.prefill_chunks, vec![32, 128]);
@@ -173,16 +172,7 @@ fn derived_ladder_follows_the_stated_rule() {
 
 #[test]
 fn derived_ladder_with_an_indivisible_top_is_refused() {
-    let err = LadderOptions {
-        max_batch: 1,
-        max_context: 640,
-        block_size: 48,
-        num_blocks: 100,
-        prefill_chunks: vec![16],
-        ..LadderOptions::default()
-    }
-    .ladder()
-    .unwrap_err();
+    let err = options(1, 640, 48, 100, vec![16]).ladder().unwrap_err();
     assert!(matches!(
         err,
         LadderError::BlockSizeDoesNotDivideContext { context: 640, .. }
@@ -209,16 +199,7 @@ fn default_options_give_a_small_ladder() {
 
 #[test]
 fn a_pool_too_small_for_one_top_context_sequence_is_refused() {
-    let err = LadderOptions {
-        max_batch: 1,
-        max_context: 64,
-        block_size: 16,
-        num_blocks: 4,
-        prefill_chunks: vec![16],
-        ..LadderOptions::default()
-    }
-    .ladder()
-    .unwrap_err();
+    let err = options(1, 64, 16, 4, vec![16]).ladder().unwrap_err();
     assert_eq!(
         err,
         LadderError::NotEnoughBlocks {
@@ -233,13 +214,9 @@ fn a_pool_too_small_for_one_top_context_sequence_is_refused() {
 #[test]
 fn explicit_buckets_are_kept_and_checked_against_the_maxima() {
     let options = LadderOptions {
-        max_batch: 64,
-        max_context: 2048,
-        block_size: 16,
-        num_blocks: 1 + 64 * 128,
-        prefill_chunks: vec![512],
         batch_buckets: vec![1, 8, 64],
         context_buckets: vec![512, 2048],
+        ..options(64, 2048, 16, 1 + 64 * 128, vec![512])
     };
     let ladder = options.ladder().expect("ladder");
     assert_eq!(ladder.batch_buckets, vec![1, 8, 64]);
