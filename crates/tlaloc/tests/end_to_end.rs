@@ -97,14 +97,7 @@ fn smollm2() -> &'static Path {
         export_once(
             &gguf,
             "e2e-smollm2-f32",
-            LadderOptions {
-                max_batch: 8,
-                max_context: 128,
-                block_size: 16,
-                num_blocks: 1 + 8 * 128 / 16,
-                prefill_chunks: vec![64],
-                ..LadderOptions::default()
-            },
+            LadderOptions::full_pool(8, 128, 16, vec![64]),
         )
     })
 }
@@ -115,12 +108,8 @@ fn tiny_fixture() -> PathBuf {
 
 fn tiny_ladder(num_blocks: usize) -> LadderOptions {
     LadderOptions {
-        max_batch: 8,
-        max_context: 128,
-        block_size: 16,
         num_blocks,
-        prefill_chunks: vec![16],
-        ..LadderOptions::default()
+        ..LadderOptions::full_pool(8, 128, 16, vec![16])
     }
 }
 
@@ -184,38 +173,50 @@ fn tlaloc(args: &[&str]) -> Value {
     })
 }
 
+/// Runs `tlaloc <command>` on the artifact at `dir` with `plugin` and the shared compile cache,
+/// then `extra`.
+fn tlaloc_on(command: &str, dir: &Path, plugin: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        command,
+        "--artifact",
+        dir.to_str().unwrap(),
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--compile-cache",
+        compile_cache().to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    tlaloc(&args)
+}
+
 fn join_ids(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 #[test]
 fn generate_reproduces_the_smollm2_goldens_on_every_plugin() {
-    let dir = smollm2().to_str().unwrap().to_owned();
-    let cache = compile_cache().to_str().unwrap().to_owned();
+    let dir = smollm2();
     let golden = goldens("SmolLM2-135M-Instruct");
     let cases = golden["cases"].as_array().unwrap();
     let _lock = engine_lock();
     for plugin in test_plugin_paths() {
-        let plugin_arg = plugin.to_str().unwrap();
         for case in cases {
             let name = case["name"].as_str().unwrap();
             let prompt = ids(&case["prompt_ids"]);
             let expected = ids(&case["greedy_ids"]);
-            let out = tlaloc(&[
+            let out = tlaloc_on(
                 "generate",
-                "--artifact",
-                &dir,
-                "--plugin",
-                plugin_arg,
-                "--compile-cache",
-                &cache,
-                "--prompt-ids",
-                &join_ids(&prompt),
-                "--max-new-tokens",
-                &expected.len().to_string(),
-                "--ignore-eos",
-                "--json",
-            ]);
+                dir,
+                &plugin,
+                &[
+                    "--prompt-ids",
+                    &join_ids(&prompt),
+                    "--max-new-tokens",
+                    &expected.len().to_string(),
+                    "--ignore-eos",
+                    "--json",
+                ],
+            );
             assert_eq!(ids(&out["prompt_ids"]), prompt, "{name}");
             assert_eq!(out["finish_reason"], "length", "{name}");
             let got = ids(&out["generated_ids"]);
@@ -242,8 +243,7 @@ fn generate_reproduces_the_smollm2_goldens_on_every_plugin() {
 /// the streamed detokenization its decoded text.
 #[test]
 fn generate_tokenizes_text_and_chat_prompts_like_transformers() {
-    let dir = smollm2().to_str().unwrap().to_owned();
-    let cache = compile_cache().to_str().unwrap().to_owned();
+    let dir = smollm2();
     let golden = goldens("SmolLM2-135M-Instruct");
     let case = |name: &str| {
         golden["cases"]
@@ -256,23 +256,20 @@ fn generate_tokenizes_text_and_chat_prompts_like_transformers() {
     };
     let _lock = engine_lock();
     let plugin = test_plugin_paths().remove(0);
-    let plugin_arg = plugin.to_str().unwrap();
 
     let raw = case("capital");
-    let out = tlaloc(&[
+    let out = tlaloc_on(
         "generate",
-        "--artifact",
-        &dir,
-        "--plugin",
-        plugin_arg,
-        "--compile-cache",
-        &cache,
-        "--prompt",
-        raw["text"].as_str().unwrap(),
-        "--max-new-tokens",
-        "32",
-        "--json",
-    ]);
+        dir,
+        &plugin,
+        &[
+            "--prompt",
+            raw["text"].as_str().unwrap(),
+            "--max-new-tokens",
+            "32",
+            "--json",
+        ],
+    );
     assert_eq!(ids(&out["prompt_ids"]), ids(&raw["prompt_ids"]));
     // Without --ignore-eos the run stops on the model's end-of-sequence token, and the text is
     // transformers' decoding of the ids before it.
@@ -289,21 +286,19 @@ fn generate_tokenizes_text_and_chat_prompts_like_transformers() {
     let chat = case("chat_capital");
     let messages = chat["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 1, "the CLI sends one user message");
-    let out = tlaloc(&[
+    let out = tlaloc_on(
         "generate",
-        "--artifact",
-        &dir,
-        "--plugin",
-        plugin_arg,
-        "--compile-cache",
-        &cache,
-        "--chat",
-        "--prompt",
-        messages[0]["content"].as_str().unwrap(),
-        "--max-new-tokens",
-        "4",
-        "--json",
-    ]);
+        dir,
+        &plugin,
+        &[
+            "--chat",
+            "--prompt",
+            messages[0]["content"].as_str().unwrap(),
+            "--max-new-tokens",
+            "4",
+            "--json",
+        ],
+    );
     assert_eq!(ids(&out["prompt_ids"]), ids(&chat["prompt_ids"]));
     let greedy = ids(&chat["greedy_ids"]);
     assert_eq!(ids(&out["generated_ids"]), greedy[..4]);
@@ -324,6 +319,23 @@ fn assert_all_pages_free(engine: &EngineHandle, what: &str) {
         (0, 0, 0),
         "{what}: pages or sequences left over: {stats:?}"
     );
+}
+
+/// Checks that `engine` holds no pages or sequences (`what` names the moment), and shuts it down.
+fn shut_down_empty(engine: EngineHandle, what: &str) {
+    assert_all_pages_free(&engine, what);
+    engine.shutdown();
+}
+
+/// Runs `check` on an engine of the tiny artifact on every test plugin, one engine at a time, and
+/// then [`shut_down_empty`] with `after`.
+fn on_each_tiny_engine(after: &str, check: impl Fn(&EngineHandle, &Path)) {
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let engine = load(tiny(), &plugin);
+        check(&engine, &plugin);
+        shut_down_empty(engine, after);
+    }
 }
 
 /// Eight prompts: the tiny goldens' three, and five more of lengths that cross chunk and page
@@ -374,6 +386,21 @@ fn generate_together(engine: &EngineHandle, requests: Vec<GenerateRequest>) -> V
         .collect()
 }
 
+/// Every prompt submitted at once, greedy for `max_tokens`; returns each one's ids, in order.
+fn greedy_together(
+    engine: &EngineHandle,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Vec<u32>> {
+    generate_together(
+        engine,
+        prompts
+            .iter()
+            .map(|p| greedy(p.clone(), max_tokens))
+            .collect(),
+    )
+}
+
 #[test]
 fn eight_prompts_together_match_each_alone_and_preemption_changes_nothing() {
     let golden = goldens("tiny-llama-gqa");
@@ -399,13 +426,7 @@ fn eight_prompts_together_match_each_alone_and_preemption_changes_nothing() {
             );
         }
 
-        let together = generate_together(
-            &engine,
-            prompts
-                .iter()
-                .map(|p| greedy(p.clone(), max_tokens))
-                .collect(),
-        );
+        let together = greedy_together(&engine, &prompts, max_tokens);
         let stats = engine.stats();
         assert!(
             stats.steps.decode_rows > stats.steps.decode_steps,
@@ -413,17 +434,10 @@ fn eight_prompts_together_match_each_alone_and_preemption_changes_nothing() {
         );
         assert_eq!(stats.preemptions_total, 0, "{stats:?}");
         assert_eq!(together, alone, "batched vs alone on {}", plugin.display());
-        assert_all_pages_free(&engine, "after the batched run");
-        engine.shutdown();
+        shut_down_empty(engine, "after the batched run");
 
         let small = load(tiny_small_pool(), &plugin);
-        let preempted = generate_together(
-            &small,
-            prompts
-                .iter()
-                .map(|p| greedy(p.clone(), max_tokens))
-                .collect(),
-        );
+        let preempted = greedy_together(&small, &prompts, max_tokens);
         let stats = small.stats();
         assert!(
             stats.preemptions_total > 0,
@@ -436,16 +450,13 @@ fn eight_prompts_together_match_each_alone_and_preemption_changes_nothing() {
             "preempted vs alone on {}",
             plugin.display()
         );
-        assert_all_pages_free(&small, "after the preempted run");
-        small.shutdown();
+        shut_down_empty(small, "after the preempted run");
     }
 }
 
 #[test]
 fn an_abort_frees_its_pages_at_once() {
-    let _lock = engine_lock();
-    for plugin in test_plugin_paths() {
-        let engine = load(tiny(), &plugin);
+    on_each_tiny_engine("right after the abort", |engine, _| {
         let (id, mut events) = engine.submit(greedy(vec![5; 40], 80)).unwrap();
         let mut seen = 0;
         while seen < 3 {
@@ -467,10 +478,9 @@ fn an_abort_frees_its_pages_at_once() {
                 other => panic!("expected Finished, got {other:?}"),
             }
         }
-        // No step runs between the abort and its Finished event being observable here.
-        assert_all_pages_free(&engine, "right after the abort");
-        engine.shutdown();
-    }
+        // No step runs between the abort and its Finished event being observable here: the
+        // pages are checked as soon as this returns.
+    });
 }
 
 fn sampled(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> GenerateRequest {
@@ -508,41 +518,39 @@ fn distinct_first_tokens(
 fn seeded_sampling_is_reproducible_and_its_parameters_shape_the_distribution() {
     let golden = goldens("tiny-llama-gqa");
     let prompt = ids(&golden["cases"][1]["prompt_ids"]);
-    let _lock = engine_lock();
-    for plugin in test_plugin_paths() {
-        let engine = load(tiny(), &plugin);
+    on_each_tiny_engine("after sampling", |engine, plugin| {
         let on = plugin.display();
 
-        let first = generate(&engine, sampled(&prompt, 24, params(1.0, 7))).0;
-        let again = generate(&engine, sampled(&prompt, 24, params(1.0, 7))).0;
-        let other = generate(&engine, sampled(&prompt, 24, params(1.0, 8))).0;
+        let first = generate(engine, sampled(&prompt, 24, params(1.0, 7))).0;
+        let again = generate(engine, sampled(&prompt, 24, params(1.0, 7))).0;
+        let other = generate(engine, sampled(&prompt, 24, params(1.0, 8))).0;
         assert_eq!(first, again, "same seed, different tokens on {on}");
         assert_ne!(
             first, other,
             "seeds 7 and 8 gave the same 24 tokens on {on}"
         );
 
-        let greedy_ids = generate(&engine, greedy(prompt.clone(), 24)).0;
+        let greedy_ids = generate(engine, greedy(prompt.clone(), 24)).0;
         let top1 = SamplingParams {
             top_k: Some(1),
             ..params(1.5, 3)
         };
         assert_eq!(
-            generate(&engine, sampled(&prompt, 24, top1)).0,
+            generate(engine, sampled(&prompt, 24, top1)).0,
             greedy_ids,
             "top-k 1 is not greedy on {on}"
         );
 
         let n = 64;
-        let cold = distinct_first_tokens(&engine, &prompt, n, |s| params(0.3, s));
-        let hot = distinct_first_tokens(&engine, &prompt, n, |s| params(3.0, s));
+        let cold = distinct_first_tokens(engine, &prompt, n, |s| params(0.3, s));
+        let hot = distinct_first_tokens(engine, &prompt, n, |s| params(3.0, s));
         assert!(
             hot.len() > cold.len() + 4,
             "temperature 3 gave {} distinct tokens over {n} samples, temperature 0.3 gave {} (on {on})",
             hot.len(),
             cold.len()
         );
-        let top3 = distinct_first_tokens(&engine, &prompt, n, |s| SamplingParams {
+        let top3 = distinct_first_tokens(engine, &prompt, n, |s| SamplingParams {
             top_k: Some(3),
             ..params(3.0, s)
         });
@@ -551,7 +559,7 @@ fn seeded_sampling_is_reproducible_and_its_parameters_shape_the_distribution() {
             "top-k 3 at temperature 3 gave {} distinct tokens over {n} samples on {on}",
             top3.len()
         );
-        let narrow = distinct_first_tokens(&engine, &prompt, n, |s| SamplingParams {
+        let narrow = distinct_first_tokens(engine, &prompt, n, |s| SamplingParams {
             top_p: 0.3,
             ..params(3.0, s)
         });
@@ -561,9 +569,7 @@ fn seeded_sampling_is_reproducible_and_its_parameters_shape_the_distribution() {
             narrow.len(),
             hot.len()
         );
-        assert_all_pages_free(&engine, "after sampling");
-        engine.shutdown();
-    }
+    });
 }
 
 /// `tlaloc bench --json` on the tiny artifact: every measured decode step carries the whole
@@ -583,24 +589,22 @@ fn bench_measures_full_batches_against_the_manifest_floor() {
     let _lock = engine_lock();
     let plugin = test_plugin_paths().remove(0);
     let (prompt_len, gen_len, gbps) = (16u64, 12u64, 10.0);
-    let out = tlaloc(&[
+    let out = tlaloc_on(
         "bench",
-        "--artifact",
-        dir.to_str().unwrap(),
-        "--plugin",
-        plugin.to_str().unwrap(),
-        "--compile-cache",
-        compile_cache().to_str().unwrap(),
-        "--batch",
-        "1,4",
-        "--prompt-len",
-        &prompt_len.to_string(),
-        "--gen-len",
-        &gen_len.to_string(),
-        "--bandwidth-gbps",
-        &gbps.to_string(),
-        "--json",
-    ]);
+        dir,
+        &plugin,
+        &[
+            "--batch",
+            "1,4",
+            "--prompt-len",
+            &prompt_len.to_string(),
+            "--gen-len",
+            &gen_len.to_string(),
+            "--bandwidth-gbps",
+            &gbps.to_string(),
+            "--json",
+        ],
+    );
     let batches = out["batches"].as_array().unwrap();
     assert_eq!(batches.len(), 2, "{out}");
     for (b, batch) in [1u64, 4].into_iter().zip(batches) {
