@@ -346,8 +346,11 @@ fn safetensors_unsupported_dtype_and_offsets_past_end_are_refused_by_name() {
     assert_eq!(tensors[0].1.data.dtype_name(), "BF16");
 }
 
+/// A config key and its new value, or `None` to remove it.
+type KeyEdit = (&'static str, Option<Value>);
+
 /// Sets each key of the config to its value, or removes it where the value is `None`, in order.
-fn edit_keys(dir: &Path, edits: &[(&str, Option<Value>)]) {
+fn edit_keys(dir: &Path, edits: &[KeyEdit]) {
     edit_config(dir, |c| {
         for (key, value) in edits {
             match value {
@@ -366,7 +369,7 @@ fn edit_keys(dir: &Path, edits: &[(&str, Option<Value>)]) {
 fn config_refusals_name_the_field_and_value() {
     use serde_json::json;
     let mistral = ("architectures", Some(json!(["MistralForCausalLM"])));
-    let cases: Vec<(&str, Vec<(&str, Option<Value>)>, &str)> = vec![
+    let cases: Vec<(&str, Vec<KeyEdit>, &str)> = vec![
         (
             "shape disagrees",
             vec![("intermediate_size", Some(json!(96)))],
