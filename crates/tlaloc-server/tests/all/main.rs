@@ -4,3 +4,4 @@ mod fake;
 mod openapi;
 mod routes;
 mod text;
+mod wire;
