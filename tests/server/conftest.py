@@ -1,5 +1,6 @@
-"""Servers shared by the tests: the tiny fixture (with an API key), SmolLM2 with a zero queue
-and a small body limit, and SmolLM2 for the golden chat reply.
+"""Servers shared by the tests: the tiny fixture (with an API key), the tiny fixture with a small
+body limit and one-second header and body timeouts (for the wire-level tests), SmolLM2 with a
+zero queue and a small body limit, and SmolLM2 for the golden chat reply.
 
 Tests that need a request still running when they act use SmolLM2, never the tiny fixture: a
 SmolLM2 decode step reads its 0.54 GB of f32 weights, so 100 tokens take at least 0.54 s even at
@@ -14,6 +15,10 @@ import pytest
 from serverctl import REPO, Server, required_env
 
 API_KEY = "test-key"
+# The bounds of the `bounded` server; the wire-level tests derive their waits from them.
+BOUNDED_MAX_BODY_BYTES = 2000
+BOUNDED_HEADER_READ_TIMEOUT_S = 1.0
+BOUNDED_BODY_IDLE_TIMEOUT_S = 1.0
 
 
 def golden(name: str) -> dict:
@@ -28,6 +33,15 @@ def tiny_artifact() -> str:
 @pytest.fixture(scope="session")
 def tiny(tiny_artifact):
     server = Server(tiny_artifact, "tiny", "--api-key", API_KEY)
+    yield server
+    assert server.stop() == 0, server.log_text()
+
+
+@pytest.fixture(scope="session")
+def bounded(tiny_artifact):
+    server = Server(tiny_artifact, "tiny", "--max-body-bytes", str(BOUNDED_MAX_BODY_BYTES),
+                    "--header-read-timeout", str(BOUNDED_HEADER_READ_TIMEOUT_S),
+                    "--body-idle-timeout", str(BOUNDED_BODY_IDLE_TIMEOUT_S))
     yield server
     assert server.stop() == 0, server.log_text()
 

@@ -171,9 +171,11 @@ def test_chat_logprobs_shape(client):
 
 
 def post(server, path, body, headers=AUTH, **kw):
-    return httpx.post(f"{server.url}{path}", headers=headers, timeout=30, **kw,
-                      **({"json": body} if not isinstance(body, (str, bytes)) else
-                         {"content": body}))
+    """Posts `body` as JSON; a str or bytes body is sent as it is, labelled JSON."""
+    if isinstance(body, (str, bytes)):
+        headers = {"Content-Type": "application/json", **headers}
+        return httpx.post(f"{server.url}{path}", headers=headers, timeout=30, content=body, **kw)
+    return httpx.post(f"{server.url}{path}", headers=headers, timeout=30, json=body, **kw)
 
 
 @pytest.mark.parametrize("path,body,param", [
@@ -192,6 +194,14 @@ def post(server, path, body, headers=AUTH, **kw):
      "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "max_completion_tokens": 1000}, "max_completion_tokens"),
+    ("/v1/completions", '{"prompt": "Hi"} {"prompt": "again"}', "body"),
+    ("/v1/completions", {"model": None, "prompt": "Hi"}, "model"),
+    ("/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "x"}]},
+     "model"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": None},
+                                           {"role": "user", "content": "x"}]},
+     "messages[0].content"),
 ])
 def test_invalid_requests_are_400_naming_the_field(tiny, path, body, param):
     r = post(tiny, path, body)
@@ -220,6 +230,46 @@ def test_missing_or_wrong_api_key_is_401(tiny, headers):
     assert r.status_code == 401
     assert r.json()["error"]["type"] == "authentication_error"
     assert httpx.get(f"{tiny.url}/v1/models", headers=headers).status_code == 401
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_application_json_is_415(tiny, content_type):
+    headers = dict(AUTH)
+    if content_type:
+        headers["Content-Type"] = content_type
+    r = httpx.post(f"{tiny.url}/v1/completions", headers=headers, timeout=30,
+                   content=json.dumps({"prompt": "Hi", "max_tokens": 1}))
+    assert r.status_code == 415, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "application/json" in error["message"]
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
+def test_the_bearer_scheme_is_case_insensitive(tiny, scheme):
+    headers = {"Authorization": f"{scheme} {API_KEY}"}
+    assert httpx.get(f"{tiny.url}/v1/models", headers=headers).status_code == 200
+    r = post(tiny, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, headers=headers)
+    assert r.status_code == 200, r.text
+
+
+def test_created_is_the_time_of_each_response(client):
+    # The served model's `created` is the server's start; wait until a later second, so that a
+    # response stamped with the start could not pass.
+    started = client.models.list().data[0].created
+    while int(time.time()) <= started:
+        time.sleep(0.05)
+    before = int(time.time())
+    r = client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+    chat = client.chat.completions.create(model="tiny", max_tokens=2,
+                                          messages=[{"role": "user", "content": "Hi"}])
+    chunks = list(client.completions.create(model="tiny", prompt="Hi", max_tokens=3,
+                                            stream=True))
+    after = int(time.time())
+    assert before <= r.created <= after
+    assert before <= chat.created <= after
+    assert len({c.created for c in chunks}) == 1
+    assert before <= chunks[0].created <= after
 
 
 def test_body_over_the_limit_is_413(strict):

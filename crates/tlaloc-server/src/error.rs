@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorType {
-    /// 400, 413 and other client errors.
+    /// 400, 408, 413, 415 and other client errors.
     InvalidRequestError,
     /// 401.
     AuthenticationError,
@@ -76,6 +76,9 @@ pub struct ApiError {
     pub code: Option<ErrorCode>,
     /// Seconds a client should wait before retrying (429 and 503).
     pub retry_after_s: Option<u64>,
+    /// Answer with `Connection: close`: the request body was not read to its end, so nothing
+    /// after it on the connection can be read as a request.
+    pub close_connection: bool,
 }
 
 impl ApiError {
@@ -92,7 +95,14 @@ impl ApiError {
             param: None,
             code: None,
             retry_after_s: None,
+            close_connection: false,
         }
+    }
+
+    /// Closes the connection after this answer (see [`ApiError::close_connection`]).
+    pub fn closing_connection(mut self) -> Self {
+        self.close_connection = true;
+        self
     }
 
     /// Names the field at fault.
@@ -186,6 +196,11 @@ impl IntoResponse for ApiError {
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        if self.close_connection {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

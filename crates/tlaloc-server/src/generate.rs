@@ -11,7 +11,7 @@ use tracing::Span;
 
 use crate::error::ApiError;
 use crate::response::FinishReason;
-use crate::state::{Admission, SharedState};
+use crate::state::{Admission, SharedState, unix_now};
 use crate::text::{IncrementalDecoder, StopMatcher};
 use crate::validate::ValidatedGeneration;
 
@@ -100,6 +100,9 @@ pub struct Generation {
     pub wants_logprobs: bool,
     /// The response id (also the request id in logs).
     pub id: String,
+    /// Unix seconds when the request was accepted: the `created` of its response, or of every
+    /// chunk of its stream.
+    pub created: u64,
     span: Span,
 }
 
@@ -174,6 +177,7 @@ impl Generation {
             prompt_tokens,
             wants_logprobs: validated.request.logprobs.is_some(),
             id,
+            created: unix_now(),
             span,
         })
     }

@@ -4,12 +4,16 @@
 //! ([`openapi()`], committed as `docs/openapi.json`).
 //!
 //! The server listens before the model is loaded (`/ready` answers 503 until it is), bounds the
-//! sequences it holds (429 past the queue), aborts the sequences of a client that went away, and
-//! on SIGTERM or ctrl-c stops accepting, finishes what is in flight, and stops the engine.
+//! sequences it holds (429 past the queue), the time a client may take to send a request's
+//! headers and body, and the size of a body; aborts the sequences of a client that went away;
+//! and on SIGTERM or ctrl-c stops accepting, closes idle and half-sent connections, finishes
+//! what is in flight (within a bound), and stops the engine. [`connection`] owns the sockets.
 
 #![forbid(unsafe_code)]
 
+pub mod body;
 pub mod chat;
+pub mod connection;
 pub mod error;
 pub mod generate;
 pub mod metrics;
@@ -33,6 +37,8 @@ pub use openapi::{openapi, openapi_json};
 pub use routes::router;
 pub use state::{AppState, ModelText, ModelTextError, ServerConfig, SharedState};
 
+use crate::connection::{ConnectionTimeouts, serve_connections};
+
 /// The server could not run.
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -45,8 +51,9 @@ pub enum ServeError {
 }
 
 /// Serves `state` on `listener`: loads the engine with `load` on a blocking thread meanwhile,
-/// and returns once `shutdown` resolves and everything in flight has finished (or at once with
-/// an error when loading fails).
+/// and returns once `shutdown` resolves and the connections have drained (see
+/// [`connection::serve_connections`]), or, with an error, once loading has failed and they have
+/// drained.
 pub async fn serve<L, S>(
     listener: TcpListener,
     state: SharedState,
@@ -73,28 +80,29 @@ where
             }
         }
     });
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let stopping_state = state.clone();
-    tokio::spawn(async move {
-        let why = tokio::select! {
+    let stop = tokio::spawn(async move {
+        let failure = tokio::select! {
             () = shutdown => None,
             Ok(e) = failed_rx => Some(e),
         };
         stopping_state.set_stopping();
         tracing::info!("stopping: no new connections; finishing requests in flight");
-        let _ = stop_tx.send(Some(why.unwrap_or_default()));
+        let _ = stopping_tx.send(true);
+        failure
     });
-    let mut stop_wait = stop_rx.clone();
-    axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(async move {
-            let _ = stop_wait.wait_for(|s| s.is_some()).await;
-        })
-        .await?;
+    let config = &state.config;
+    let timeouts = ConnectionTimeouts {
+        header_read: config.header_read_timeout,
+        shutdown: config.shutdown_timeout,
+    };
+    serve_connections(listener, router(state.clone()), timeouts, stopping_rx).await;
     if let Some(engine) = state.engine().cloned() {
         let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
     }
-    match stop_rx.borrow().clone() {
-        Some(why) if !why.is_empty() => Err(ServeError::Load(why)),
+    match stop.await {
+        Ok(Some(failure)) => Err(ServeError::Load(failure)),
         _ => Ok(()),
     }
 }

@@ -31,7 +31,7 @@ use crate::validate::ValidatedGeneration;
 pub struct BodyHead {
     /// The response id.
     pub id: String,
-    /// Unix seconds.
+    /// Unix seconds when the response was created (the same in every chunk of a stream).
     pub created: u64,
     /// The served model name.
     pub model: String,
@@ -306,7 +306,7 @@ fn chat_chunk(
 fn head(state: &AppState, generation: &Generation) -> BodyHead {
     BodyHead {
         id: generation.id.clone(),
-        created: state.created,
+        created: generation.created,
         model: state.config.served_model_name.clone(),
     }
 }

@@ -1,9 +1,20 @@
 //! The request bodies as they arrive: serde mirrors of the OpenAI fields this server reads,
 //! with their OpenAPI schemas. Unknown fields are refused here (by name, through the JSON
-//! extractor); every value is checked once, in [`crate::validate`].
+//! extractor), and so is `null` where the OpenAI API has no use for it (`model`); every value is
+//! checked once, in [`crate::validate`].
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use utoipa::ToSchema;
+
+/// Reads a field that may be left out but not sent as `null` (an `Option` field alone reads
+/// both as `None`); used with `#[serde(default)]`.
+fn non_null<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
 
 /// `prompt`: a string, a list of token ids, or a one-element list of either.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -47,8 +58,6 @@ macro_rules! with_shared_fields {
     ($callback:ident { $($before:tt)* }) => {
         $callback! {
             $($before)*
-            /// The served model name; any other is refused.
-            model: Option<String>,
             /// Generated tokens at most (at least 1).
             max_tokens: Option<i64>,
             /// Sampling temperature in [0, 2] (0 is greedy; default 1).
@@ -102,7 +111,9 @@ macro_rules! shared_fields_struct {
 with_shared_fields!(shared_fields_struct {});
 
 /// Declares a request body with its own fields and the shared ones (serde's `flatten` cannot be
-/// combined with `deny_unknown_fields`, and unknown fields are refused here).
+/// combined with `deny_unknown_fields`, and unknown fields are refused here). A shared field's
+/// attributes are also put on [`CommonFields`], which has no serde derive, so a field that needs
+/// serde attributes (`model`) is declared among each request's own fields.
 macro_rules! request_struct {
     (
         $(#[$meta:meta])* $name:ident { $( $(#[$own_doc:meta])* $own:ident: $own_ty:ty, )* }
@@ -137,6 +148,10 @@ with_shared_fields!(request_struct {
         echo: Option<bool>,
         /// Accepted only when absent.
         suffix: Option<String>,
+        /// The served model name; any other is refused, and so is `null`.
+        #[serde(default, deserialize_with = "non_null")]
+        #[schema(value_type = String)]
+        model: Option<String>,
     }
 });
 
@@ -165,7 +180,7 @@ pub struct ContentPart {
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` (`developer` is read as `system`).
     pub role: String,
-    /// The text.
+    /// The text; required of `system`, `developer` and `user` messages.
     pub content: Option<Content>,
     /// Accepted and ignored (the templates here do not use it).
     pub name: Option<String>,
@@ -185,6 +200,10 @@ with_shared_fields!(request_struct {
         top_logprobs: Option<i64>,
         /// End the rendered prompt with the assistant's turn opener (default true).
         add_generation_prompt: Option<bool>,
+        /// The served model name; any other is refused, and so is `null`.
+        #[serde(default, deserialize_with = "non_null")]
+        #[schema(value_type = String)]
+        model: Option<String>,
     }
 });
 
@@ -192,7 +211,9 @@ with_shared_fields!(request_struct {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
-    /// The served model name.
+    /// The served model name; `null` is refused.
+    #[serde(default, deserialize_with = "non_null")]
+    #[schema(value_type = String)]
     pub model: Option<String>,
     /// Text to tokenize.
     pub prompt: Option<String>,
@@ -208,7 +229,9 @@ pub struct TokenizeRequest {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DetokenizeRequest {
-    /// The served model name.
+    /// The served model name; `null` is refused.
+    #[serde(default, deserialize_with = "non_null")]
+    #[schema(value_type = String)]
     pub model: Option<String>,
     /// Ids to turn into text.
     pub tokens: Vec<u32>,

@@ -144,7 +144,7 @@ pub struct CompletionResponse {
     pub id: String,
     /// `text_completion`.
     pub object: TextCompletionObject,
-    /// Unix seconds (when the server started).
+    /// Unix seconds when the response was created.
     pub created: u64,
     /// The served model name.
     pub model: String,
@@ -176,7 +176,7 @@ pub struct CompletionChunk {
     pub id: String,
     /// `text_completion`.
     pub object: TextCompletionObject,
-    /// Unix seconds (when the server started).
+    /// Unix seconds when the response was created (the same in every chunk).
     pub created: u64,
     /// The served model name.
     pub model: String,
@@ -248,7 +248,7 @@ pub struct ChatCompletionResponse {
     pub id: String,
     /// `chat.completion`.
     pub object: ChatCompletionObject,
-    /// Unix seconds (when the server started).
+    /// Unix seconds when the response was created.
     pub created: u64,
     /// The served model name.
     pub model: String,
@@ -293,7 +293,7 @@ pub struct ChatCompletionChunk {
     pub id: String,
     /// `chat.completion.chunk`.
     pub object: ChatCompletionChunkObject,
-    /// Unix seconds (when the server started).
+    /// Unix seconds when the response was created (the same in every chunk).
     pub created: u64,
     /// The served model name.
     pub model: String,
@@ -311,7 +311,7 @@ pub struct ModelCard {
     pub id: String,
     /// `model`.
     pub object: ModelObject,
-    /// Unix seconds (when the server started).
+    /// Unix seconds when the server started serving the model.
     pub created: u64,
     /// `tlaloc`.
     pub owned_by: String,

@@ -1,11 +1,11 @@
 //! The HTTP surface: the router, the JSON extractor that turns every body problem into a named
-//! 400 (or 413), the API-key check, and the handlers, each of which checks its request once
-//! ([`crate::validate`]) and answers with a typed body ([`crate::response`]); the generation
-//! handlers start a [`Generation`] and leave its answer to [`crate::render`]. Each handler's
-//! `#[utoipa::path]` is its entry in the OpenAPI description ([`crate::openapi`]).
+//! 400 (or 408, 413, 415: see [`crate::body`]), the API-key check, and the handlers, each of
+//! which checks its request once ([`crate::validate`]) and answers with a typed body
+//! ([`crate::response`]); the generation handlers start a [`Generation`] and leave its answer to
+//! [`crate::render`]. Each handler's `#[utoipa::path]` is its entry in the OpenAPI description
+//! ([`crate::openapi`](mod@crate::openapi)).
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 use tlaloc_runtime::EngineHandle;
 
+use crate::body;
 use crate::error::{ApiError, ErrorResponse};
 use crate::generate::Generation;
 use crate::render::{ChatCompletions, Completions, Endpoint, respond};
@@ -48,13 +49,19 @@ pub fn router(state: SharedState) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            refuse_declared_oversize,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             count_refusals,
         ))
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }
 
-/// A JSON body whose every problem is an OpenAI-style error naming the field.
+/// A JSON body whose every problem is an OpenAI-style error naming the field: sent as
+/// `application/json` (else 415), within the body bounds (else 408 or 413), one JSON object and
+/// nothing after it (else 400 about the body), with fields that deserialize (else 400 naming
+/// the field).
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -62,50 +69,48 @@ impl<T: DeserializeOwned> FromRequest<SharedState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &SharedState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "request body refused: over the limit of {} bytes",
-                        state.config.max_body_bytes
-                    ),
-                )
-            } else {
-                ApiError::invalid(
-                    "body",
-                    format!("request body unreadable: {}", e.body_text()),
-                )
-            }
-        })?;
+        body::require_json(req.headers())?;
+        let config = &state.config;
+        let bytes = body::read_within(
+            req.into_body(),
+            config.max_body_bytes,
+            config.body_idle_timeout,
+        )
+        .await?;
         if bytes.trim_ascii_start().first() != Some(&b'{') {
             return Err(ApiError::invalid(
                 "body",
                 "malformed JSON body: the request body must be a JSON object",
             ));
         }
-        let de = &mut serde_json::Deserializer::from_slice(&bytes);
-        serde_path_to_error::deserialize(de)
-            .map(ApiJson)
-            .map_err(|e| {
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                let message = inner.to_string();
-                if inner.is_syntax() || inner.is_eof() {
-                    return ApiError::invalid("body", format!("malformed JSON body: {message}"));
-                }
-                let named = message
-                    .strip_prefix("unknown field `")
-                    .or_else(|| message.strip_prefix("missing field `"))
-                    .and_then(|rest| rest.split('`').next())
-                    .map(str::to_owned);
-                let param = match named {
-                    Some(field) if path == "." => field,
-                    Some(field) if !path.ends_with(field.as_str()) => format!("{path}.{field}"),
-                    _ => path,
-                };
-                ApiError::invalid(param.clone(), format!("field `{param}` refused: {message}"))
-            })
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.to_string();
+            if inner.is_syntax() || inner.is_eof() {
+                return ApiError::invalid("body", format!("malformed JSON body: {message}"));
+            }
+            let named = message
+                .strip_prefix("unknown field `")
+                .or_else(|| message.strip_prefix("missing field `"))
+                .and_then(|rest| rest.split('`').next())
+                .map(str::to_owned);
+            let param = match named {
+                Some(field) if path == "." => field,
+                Some(field) if !path.ends_with(field.as_str()) => format!("{path}.{field}"),
+                _ => path,
+            };
+            ApiError::invalid(param.clone(), format!("field `{param}` refused: {message}"))
+        })?;
+        // Whitespace may follow the object; anything else means the body is not one JSON value.
+        de.end().map_err(|e| {
+            ApiError::invalid(
+                "body",
+                format!("malformed JSON body: {e}; send one JSON object and nothing after it"),
+            )
+        })?;
+        Ok(ApiJson(value))
     }
 }
 
@@ -115,13 +120,34 @@ async fn require_api_key(State(state): State<SharedState>, req: Request, next: N
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .unwrap_or_default();
         if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }
     }
     next.run(req).await
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value. The scheme is matched in any
+/// case and may be followed by more than one space (RFC 9110, section 11.1 and 11.4).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("Bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
+/// Answers 413 before the body is read when its `Content-Length` declares more than the limit.
+async fn refuse_declared_oversize(
+    State(state): State<SharedState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match body::require_declared_within(req.headers(), state.config.max_body_bytes) {
+        Ok(()) => next.run(req).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 async fn count_refusals(State(state): State<SharedState>, req: Request, next: Next) -> Response {
@@ -199,7 +225,7 @@ async fn models(State(state): State<SharedState>) -> Json<ModelList> {
         data: vec![ModelCard {
             id: name.clone(),
             object: ModelObject::Model,
-            created: state.created,
+            created: state.started_at,
             owned_by: "tlaloc".to_owned(),
             root: name.clone(),
             max_model_len: state.engine().map(|e| e.max_context()),
@@ -221,7 +247,12 @@ async fn models(State(state): State<SharedState>) -> Json<ModelList> {
         )),
         (status = 400, description = "A field refused; `param` names it", body = ErrorResponse),
         (status = 401, description = "A missing or wrong API key", body = ErrorResponse),
-        (status = 413, description = "The body is over the limit", body = ErrorResponse),
+        (status = 408, description = "The body stopped arriving for the body idle timeout",
+            body = ErrorResponse),
+        (status = 413, description = "The body is over the limit, or its `Content-Length` says it \
+            would be", body = ErrorResponse),
+        (status = 415, description = "The body is not sent as `application/json`",
+            body = ErrorResponse),
         (status = 429, description = "The server holds all the sequences it may",
             body = ErrorResponse, headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 500, description = "The engine failed", body = ErrorResponse),
@@ -253,7 +284,12 @@ async fn completions(
         )),
         (status = 400, description = "A field refused; `param` names it", body = ErrorResponse),
         (status = 401, description = "A missing or wrong API key", body = ErrorResponse),
-        (status = 413, description = "The body is over the limit", body = ErrorResponse),
+        (status = 408, description = "The body stopped arriving for the body idle timeout",
+            body = ErrorResponse),
+        (status = 413, description = "The body is over the limit, or its `Content-Length` says it \
+            would be", body = ErrorResponse),
+        (status = 415, description = "The body is not sent as `application/json`",
+            body = ErrorResponse),
         (status = 429, description = "The server holds all the sequences it may",
             body = ErrorResponse, headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 500, description = "The engine failed", body = ErrorResponse),
@@ -287,7 +323,12 @@ async fn generate<E: Endpoint>(
         (status = 200, description = "The token ids", body = TokenizeResponse),
         (status = 400, description = "A field refused; `param` names it", body = ErrorResponse),
         (status = 401, description = "A missing or wrong API key", body = ErrorResponse),
-        (status = 413, description = "The body is over the limit", body = ErrorResponse),
+        (status = 408, description = "The body stopped arriving for the body idle timeout",
+            body = ErrorResponse),
+        (status = 413, description = "The body is over the limit, or its `Content-Length` says it \
+            would be", body = ErrorResponse),
+        (status = 415, description = "The body is not sent as `application/json`",
+            body = ErrorResponse),
     ))]
 async fn tokenize(
     State(state): State<SharedState>,
@@ -308,7 +349,12 @@ async fn tokenize(
         (status = 200, description = "The text", body = DetokenizeResponse),
         (status = 400, description = "A field refused; `param` names it", body = ErrorResponse),
         (status = 401, description = "A missing or wrong API key", body = ErrorResponse),
-        (status = 413, description = "The body is over the limit", body = ErrorResponse),
+        (status = 408, description = "The body stopped arriving for the body idle timeout",
+            body = ErrorResponse),
+        (status = 413, description = "The body is over the limit, or its `Content-Length` says it \
+            would be", body = ErrorResponse),
+        (status = 415, description = "The body is not sent as `application/json`",
+            body = ErrorResponse),
     ))]
 async fn detokenize(
     State(state): State<SharedState>,

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 use tlaloc_artifact::Artifact;
@@ -25,8 +25,16 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Sequences that may wait beyond those the engine runs at once; past that, 429.
     pub max_queue: usize,
-    /// Largest request body, in bytes; past that, 413.
+    /// Largest request body, in bytes; past that, 413 (at once when `Content-Length` declares
+    /// more).
     pub max_body_bytes: usize,
+    /// The longest a client may take to send a request's headers, counted from the connection
+    /// opening or from the end of its previous response; past that, the connection is closed.
+    pub header_read_timeout: Duration,
+    /// The longest a request body may go without a byte arriving; past that, 408.
+    pub body_idle_timeout: Duration,
+    /// The longest shutdown waits for requests in flight before closing their connections.
+    pub shutdown_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -37,8 +45,18 @@ impl ServerConfig {
             api_key: None,
             max_queue: 256,
             max_body_bytes: 4 << 20,
+            header_read_timeout: Duration::from_secs(10),
+            body_idle_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// Seconds since the Unix epoch, now (0 on a clock set before 1970).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The text side of the model could not be loaded from the artifact.
@@ -162,8 +180,10 @@ pub struct AppState {
     admitted: AtomicUsize,
     stopping: AtomicBool,
     next_id: AtomicU64,
-    /// Unix seconds at start (the `created` of `/v1/models`).
-    pub created: u64,
+    /// Unix seconds at start: the `created` of the served model in `/v1/models` (a model's
+    /// `created` is when it came to be, not when it is listed), and part of every response id,
+    /// so that ids stay unique across restarts.
+    pub started_at: u64,
     /// Metrics.
     pub metrics: Metrics,
 }
@@ -194,9 +214,7 @@ impl AppState {
             admitted: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            started_at: unix_now(),
             metrics: Metrics::new(),
         })
     }
@@ -236,7 +254,7 @@ impl AppState {
     /// A new response id.
     pub fn next_request_id(&self, prefix: &str) -> String {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}-{:x}{n:06x}", self.created)
+        format!("{prefix}-{:x}{n:06x}", self.started_at)
     }
 
     /// Sequences the server holds at most: what the engine runs at once, plus the queue.

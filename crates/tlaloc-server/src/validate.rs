@@ -96,7 +96,7 @@ impl CompletionRequest {
     /// Checks every field and tokenizes the prompt.
     pub fn check(self, state: &AppState) -> Result<ValidatedGeneration, ApiError> {
         let common = self.common();
-        check_model(state, common.model.as_deref())?;
+        check_model(state, self.model.as_deref())?;
         if self.echo == Some(true) {
             return Err(ApiError::invalid(
                 "echo",
@@ -123,7 +123,7 @@ impl ChatRequest {
     /// Checks every field, renders the conversation with the chat template and tokenizes it.
     pub fn check(self, state: &AppState) -> Result<ValidatedGeneration, ApiError> {
         let common = self.common();
-        check_model(state, common.model.as_deref())?;
+        check_model(state, self.model.as_deref())?;
         let logprobs = match (self.logprobs, self.top_logprobs) {
             (Some(true), top) => Some(check_top_logprobs("top_logprobs", top)?.unwrap_or(0)),
             (_, Some(_)) => {
@@ -286,7 +286,17 @@ fn render_messages(
             }
         };
         let content = match &m.content {
-            None => String::new(),
+            // An assistant turn may be empty; a system or user turn without text is a mistake.
+            None if role == "assistant" => String::new(),
+            None => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content"),
+                    format!(
+                        "a `{}` message without `content` refused: send a string or a list of text parts",
+                        m.role
+                    ),
+                ));
+            }
             Some(Content::Text(t)) => t.clone(),
             Some(Content::Parts(parts)) => {
                 let mut text = String::new();

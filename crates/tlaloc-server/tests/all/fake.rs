@@ -136,6 +136,28 @@ pub fn harness_failing(
     step_delay: Duration,
     fail_after: Option<usize>,
 ) -> Harness {
+    let scripted = scripted_engine(decode_batches, step_delay, fail_after);
+    let state = AppState::new(config, scripted.text);
+    state.set_engine(scripted.engine.clone());
+    Harness {
+        state: Arc::clone(&state),
+        engine: scripted.engine,
+        sentence: scripted.sentence,
+    }
+}
+
+/// A started engine over the scripted model, and the text side it was built for.
+pub struct Scripted {
+    pub text: ModelText,
+    pub engine: EngineHandle,
+    pub sentence: Vec<u32>,
+}
+
+pub fn scripted_engine(
+    decode_batches: &[usize],
+    step_delay: Duration,
+    fail_after: Option<usize>,
+) -> Scripted {
     let text = model_text();
     let sentence = sentence_ids(&text);
     let model = ScriptedModel {
@@ -154,10 +176,8 @@ pub fn harness_failing(
         steps: 0,
     };
     let engine = Engine::start(model).expect("the scripted engine starts");
-    let state = AppState::new(config, text);
-    state.set_engine(engine.clone());
-    Harness {
-        state: Arc::clone(&state),
+    Scripted {
+        text,
         engine,
         sentence,
     }

@@ -5,3 +5,4 @@ mod hostile_bodies;
 mod openapi;
 mod routes;
 mod text;
+mod wire;

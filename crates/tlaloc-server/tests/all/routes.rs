@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
+use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tlaloc_server::{AppState, ServerConfig, router};
@@ -635,5 +636,304 @@ async fn an_engine_failure_is_one_error_rendered_as_status_or_as_event() {
             .as_str()
             .unwrap()
             .contains("scripted device failure")
+    );
+}
+
+fn post_as(path: &str, content_type: Option<&str>, body: impl Into<Body>) -> Request<Body> {
+    let mut request = Request::post(path);
+    if let Some(t) = content_type {
+        request = request.header(header::CONTENT_TYPE, t);
+    }
+    request.body(body.into()).expect("request")
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `created` is when each response was made, not when the server started: a response made in
+/// a later second than the start says that later second, and every chunk of a stream says the
+/// same.
+#[tokio::test]
+async fn created_is_the_time_of_each_response() {
+    let h = quick();
+    let started = h.state.started_at;
+    while now_s() <= started {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2], "max_tokens": 2}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 2}),
+        ),
+    ] {
+        let before = now_s();
+        let (status, response) = call(&h, path, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{response}");
+        let created = response["created"].as_u64().expect("created");
+        assert!(
+            (before..=now_s()).contains(&created),
+            "{path}: created {created}, started {started}, asked at {before}"
+        );
+
+        let mut streaming = body;
+        streaming["stream"] = json!(true);
+        let before = now_s();
+        let events = sse_events(send(&h, post(path, streaming.to_string())).await).await;
+        let after = now_s();
+        let stamps: Vec<u64> = events[..events.len() - 1]
+            .iter()
+            .map(|e| {
+                serde_json::from_str::<Value>(e).unwrap()["created"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert!(stamps.len() >= 2, "{events:?}");
+        assert!(stamps.iter().all(|&s| s == stamps[0]), "{path}: {stamps:?}");
+        assert!((before..=after).contains(&stamps[0]), "{path}: {stamps:?}");
+    }
+}
+
+/// Only `application/json` bodies are read (parameters and case aside): anything else, or no
+/// type at all, is 415 naming what is expected. `text/plain` matters most: a browser sends it
+/// cross-site without asking first.
+#[tokio::test]
+async fn a_body_not_sent_as_application_json_is_415() {
+    let h = quick();
+    let body = json!({"prompt": [1, 2], "max_tokens": 1}).to_string();
+    for content_type in [
+        Some("text/plain"),
+        Some("text/plain;charset=UTF-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        for path in ["/v1/completions", "/tokenize"] {
+            let response = send(&h, post_as(path, content_type, body.clone())).await;
+            assert_eq!(
+                response.status(),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "{path} {content_type:?}"
+            );
+            let error = &json_of(response).await["error"];
+            assert_eq!(error["type"], json!("invalid_request_error"));
+            let message = error["message"].as_str().unwrap();
+            assert!(message.contains("application/json"), "{message}");
+        }
+    }
+    assert_eq!(h.engine.stats().prompt_tokens_total, 0);
+    for content_type in ["application/json; charset=utf-8", "Application/JSON"] {
+        let response = send(
+            &h,
+            post_as("/v1/completions", Some(content_type), body.clone()),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::OK, "{content_type}");
+    }
+}
+
+/// A body is one JSON object and nothing after it (whitespace aside).
+#[tokio::test]
+async fn trailing_bytes_after_the_json_body_are_400() {
+    let h = quick();
+    for body in [
+        r#"{"prompt": [1], "max_tokens": 1} {"prompt": [2]}"#,
+        r#"{"prompt": [1], "max_tokens": 1}x"#,
+        r#"{"prompt": [1], "max_tokens": 1}}"#,
+        "{\"prompt\": [1], \"max_tokens\": 1}\n\0",
+    ] {
+        let response = send(&h, post("/v1/completions", body)).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body:?}");
+        let error = &json_of(response).await["error"];
+        assert_eq!(error["param"], json!("body"), "{body:?}");
+        assert!(
+            error["message"].as_str().unwrap().contains("trailing"),
+            "{error}"
+        );
+    }
+    assert_eq!(h.engine.stats().prompt_tokens_total, 0);
+    let response = send(
+        &h,
+        post(
+            "/v1/completions",
+            "{\"prompt\": [1], \"max_tokens\": 1} \r\n\t",
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// `model` may be left out (one model is served) but not sent as `null`.
+#[tokio::test]
+async fn model_null_is_400_naming_model() {
+    let h = quick();
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    for (path, body) in [
+        ("/v1/completions", json!({"model": null, "prompt": [1]})),
+        (
+            "/v1/chat/completions",
+            json!({"model": null, "messages": messages}),
+        ),
+        ("/tokenize", json!({"model": null, "prompt": "Hi"})),
+        ("/detokenize", json!({"model": null, "tokens": [1]})),
+    ] {
+        let (status, response) = call(&h, path, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {response}");
+        assert_eq!(response["error"]["param"], json!("model"), "{path}");
+        let message = response["error"]["message"].as_str().unwrap();
+        assert!(message.contains("null"), "{message}");
+    }
+    let (status, _) = call(&h, "/tokenize", json!({"prompt": "Hi"})).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// A system or user message needs its `content` (absent or `null`); an assistant's may be
+/// empty.
+#[tokio::test]
+async fn a_user_or_system_message_without_content_is_400_naming_it() {
+    let h = quick();
+    let user = json!({"role": "user", "content": "Hi"});
+    for (messages, param) in [
+        (json!([{"role": "user"}]), "messages[0].content"),
+        (
+            json!([{"role": "user", "content": null}]),
+            "messages[0].content",
+        ),
+        (json!([{"role": "system"}, user]), "messages[0].content"),
+        (
+            json!([{"role": "developer", "content": null}, user]),
+            "messages[0].content",
+        ),
+        (
+            json!([user, {"role": "assistant", "content": "Hello"}, {"role": "user"}]),
+            "messages[2].content",
+        ),
+    ] {
+        for path in ["/v1/chat/completions", "/tokenize"] {
+            let (status, response) = call(&h, path, json!({"messages": messages})).await;
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{path} {messages}: {response}"
+            );
+            assert_eq!(
+                response["error"]["param"],
+                json!(param),
+                "{path} {messages}"
+            );
+        }
+    }
+    assert_eq!(h.engine.stats().prompt_tokens_total, 0);
+    let (status, response) = call(
+        &h,
+        "/tokenize",
+        json!({"messages": [user, {"role": "assistant"}, user]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+}
+
+/// The authorization scheme is case-insensitive (RFC 9110, section 11.1); the key is not.
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let mut c = config();
+    c.api_key = Some("s3cret".into());
+    let h = harness(c, &[1], Duration::ZERO);
+    let body = json!({"prompt": [1], "max_tokens": 1}).to_string();
+    let with_auth = |auth: &str| {
+        let mut req = post("/v1/completions", body.clone());
+        req.headers_mut()
+            .insert(header::AUTHORIZATION, auth.parse().unwrap());
+        req
+    };
+    for accepted in [
+        "bearer s3cret",
+        "BEARER s3cret",
+        "bEaReR s3cret",
+        "Bearer  s3cret",
+    ] {
+        assert_eq!(
+            send(&h, with_auth(accepted)).await.status(),
+            StatusCode::OK,
+            "{accepted}"
+        );
+    }
+    for refused in [
+        "bearer S3CRET",
+        "Basic s3cret",
+        "Bearers3cret",
+        "bearer",
+        "s3cret",
+    ] {
+        assert_eq!(
+            send(&h, with_auth(refused)).await.status(),
+            StatusCode::UNAUTHORIZED,
+            "{refused}"
+        );
+    }
+}
+
+/// A `Content-Length` over the limit is answered 413, with `Connection: close`, without
+/// reading the body (here, one that never arrives).
+#[tokio::test]
+async fn a_declared_content_length_over_the_limit_is_413_before_the_body_is_read() {
+    let mut c = config();
+    c.max_body_bytes = 1000;
+    let idle = c.body_idle_timeout;
+    let h = harness(c, &[1], Duration::ZERO);
+    let never = futures_util::stream::pending::<Result<Vec<u8>, std::io::Error>>();
+    let request = Request::post("/v1/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, "99999999999999")
+        .body(Body::from_stream(never))
+        .unwrap();
+    let response = tokio::time::timeout(idle / 4, send(&h, request))
+        .await
+        .expect("answered before any body byte, well before the idle timeout");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.headers()[header::CONNECTION], "close");
+    let message = json_of(response).await["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("1000"), "{message}");
+}
+
+/// A body that stops arriving is answered 408 once the body idle timeout has passed, with
+/// `Connection: close`.
+#[tokio::test]
+async fn a_stalled_body_is_408_after_the_body_idle_timeout() {
+    let mut c = config();
+    c.body_idle_timeout = Duration::from_millis(500);
+    let idle = c.body_idle_timeout;
+    let h = harness(c, &[1], Duration::ZERO);
+    let stalls = futures_util::stream::iter([Ok::<_, std::io::Error>(b"{\"prompt\": ".to_vec())])
+        .chain(futures_util::stream::pending());
+    let request = post("/v1/completions", Body::from_stream(stalls));
+    let asked = Instant::now();
+    let response = tokio::time::timeout(idle * 4, send(&h, request))
+        .await
+        .expect("answered once the idle timeout has passed");
+    assert!(
+        asked.elapsed() >= idle,
+        "answered after {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(response.headers()[header::CONNECTION], "close");
+    let error = &json_of(response).await["error"];
+    assert_eq!(error["type"], json!("invalid_request_error"));
+    assert!(
+        error["message"].as_str().unwrap().contains("0.5 s"),
+        "{error}"
     );
 }

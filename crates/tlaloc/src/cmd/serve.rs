@@ -3,6 +3,7 @@
 //! 200 once the plugin has compiled the entries and the weights are on the device.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -35,9 +36,20 @@ pub struct ServeArgs {
     /// The model name clients send (default: the artifact directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Largest request body in bytes; past that, 413.
+    /// Largest request body in bytes; past that, 413 (at once when `Content-Length` declares
+    /// more).
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
+    /// Seconds a client may take to send a request's headers (from connecting, or from the end
+    /// of its previous response); past that, its connection is closed.
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = seconds)]
+    header_read_timeout: Duration,
+    /// Seconds a request body may go without a byte arriving; past that, 408.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
+    body_idle_timeout: Duration,
+    /// Seconds SIGTERM waits for requests in flight before closing their connections.
+    #[arg(long, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
+    shutdown_timeout: Duration,
     /// Compile each entry on first use instead of all at start.
     #[arg(long)]
     lazy_compile: bool,
@@ -49,6 +61,17 @@ pub struct ServeArgs {
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     verify: bool,
+}
+
+/// A positive, finite number of seconds (fractions allowed).
+fn seconds(text: &str) -> Result<Duration, String> {
+    let refused = || format!("`{text}` refused: a positive number of seconds, such as 10 or 0.5");
+    let s: f64 = text.trim().parse().map_err(|_| refused())?;
+    // NaN, infinities and negatives are refused by the conversion.
+    match Duration::try_from_secs_f64(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(refused()),
+    }
 }
 
 /// Runs the server until ctrl-c or SIGTERM.
@@ -69,6 +92,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         api_key: args.api_key,
         max_queue: args.max_queue,
         max_body_bytes: args.max_body_bytes,
+        header_read_timeout: args.header_read_timeout,
+        body_idle_timeout: args.body_idle_timeout,
+        shutdown_timeout: args.shutdown_timeout,
     };
     let options = LoadOptions {
         plugin: PluginRequest::parse(&args.plugin),
@@ -85,4 +111,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let load = move || Engine::load(dir, options).map_err(|e| e.to_string());
     tlaloc_server::run_blocking(&args.host, args.port, AppState::new(config, text), load)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_positive_finite_seconds() {
+        assert_eq!(seconds("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(seconds("0.5"), Ok(Duration::from_millis(500)));
+        for refused in ["0", "-1", "NaN", "inf", "ten", ""] {
+            let e = seconds(refused).unwrap_err();
+            assert!(e.contains("positive number of seconds"), "{refused}: {e}");
+        }
+    }
 }
