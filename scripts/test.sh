@@ -18,8 +18,8 @@ bash tests/server/run.sh 2>&1 | tee "$log/server.txt"
 server_status=${PIPESTATUS[0]}
 
 # cargo prints "test result: ok. N passed; M failed; ..." per test binary; pytest prints
-# "N passed, M failed in ..." per run; tests/server/run.sh prints "load test result: ..." per
-# load test.
+# "N passed, M failed in ..." per run; tests/server/run.sh prints "load test result: ..." and
+# "soak result: ..." per plugin.
 read -r cargo_passed cargo_failed < <(awk '/^test result:/ {
     for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
   } END { print p + 0, f + 0 }' "$log/cargo.txt")
@@ -30,6 +30,8 @@ fuzz_passed=$(grep -c '^fuzz result: passed' "$log/fuzz.txt")
 fuzz_failed=$(grep -c '^fuzz result: failed' "$log/fuzz.txt")
 load_passed=$(grep -c '^load test result: passed' "$log/server.txt")
 load_failed=$(grep -c '^load test result: failed' "$log/server.txt")
+soak_passed=$(grep -c '^soak result: passed' "$log/server.txt")
+soak_failed=$(grep -c '^soak result: failed' "$log/server.txt")
 
 status=0
 [ "$cargo_status" -eq 0 ] || status=1
@@ -38,6 +40,7 @@ status=0
 if [ "$status" -eq 0 ]; then verdict=ok; else verdict=FAILED; fi
 echo "tests: $verdict. cargo $cargo_passed passed, $cargo_failed failed (exit $cargo_status);" \
   "fuzz targets $fuzz_passed passed, $fuzz_failed failed (exit $fuzz_status);" \
-  "server $py_passed passed, $py_failed failed; load tests $load_passed passed, $load_failed failed" \
+  "server $py_passed passed, $py_failed failed; load tests $load_passed passed, $load_failed failed;" \
+  "soaks $soak_passed passed, $soak_failed failed" \
   "(exit $server_status)"
 exit "$status"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The server tests: exports the tiny fixture and SmolLM2 (small ladder) with the `tlaloc` binary
 # in $TLALOC (default target/debug/tlaloc), then, on each test plugin, runs the pytest suite (whose
-# fixtures start `tlaloc serve` on free ports and stop it with SIGTERM) and the load test at a
-# small size. Python packages go into .venv-server-tests (pinned in requirements.txt).
+# fixtures start `tlaloc serve` on free ports and stop it with SIGTERM), the load test at a
+# small size and a short soak. Python packages go into .venv-server-tests (pinned in
+# requirements.txt).
 #
 # Environment: TLALOC (binary), TLALOC_TEST_PLUGINS (':'-separated plugin .so paths; default:
-# every *.so under .tlaloc/plugins/*/), LOADTEST_CONCURRENCY (default 40), PYTHON (default python3).
+# every *.so under .tlaloc/plugins/*/), LOADTEST_CONCURRENCY (default 40), SOAK_SECONDS (default
+# 15), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -72,6 +74,14 @@ for plugin in "${plugins[@]}"; do
     echo "load test result: passed"
   else
     echo "load test result: failed"
+    status=1
+  fi
+  echo "== soak on $plugin (${SOAK_SECONDS:-15} s; tests/server/soak.py --seconds 600 by hand)"
+  if "$venv/bin/python" tests/server/soak.py --tlaloc "$TLALOC" --plugin "$plugin" \
+    --artifact "$TLALOC_TINY_ARTIFACT" --seconds "${SOAK_SECONDS:-15}"; then
+    echo "soak result: passed"
+  else
+    echo "soak result: failed"
     status=1
   fi
 done
