@@ -62,27 +62,28 @@ export_artifact "$work/smol" --checkpoint "$gguf" \
 export TLALOC
 export TLALOC_TINY_ARTIFACT="$PWD/$work/tiny"
 export TLALOC_SMOL_ARTIFACT="$PWD/$work/smol"
-# Every plugin runs both suites even when one fails; the exit status says whether any did.
+# Every plugin runs every suite even when one fails; the exit status says whether any did.
 status=0
+# Runs a check and prints "<name> result: passed|failed", the line scripts/test.sh counts.
+check() {
+  local name=$1
+  shift
+  if "$@"; then
+    echo "$name result: passed"
+  else
+    echo "$name result: failed"
+    status=1
+  fi
+}
 for plugin in "${plugins[@]}"; do
   echo "== server tests on $plugin"
   TLALOC_SERVER_PLUGIN="$plugin" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/server \
     || status=1
   echo "== load test on $plugin"
-  if "$venv/bin/python" tests/server/loadtest.py --tlaloc "$TLALOC" --plugin "$plugin" \
-    --artifact "$TLALOC_TINY_ARTIFACT" --concurrency "${LOADTEST_CONCURRENCY:-40}"; then
-    echo "load test result: passed"
-  else
-    echo "load test result: failed"
-    status=1
-  fi
+  check "load test" "$venv/bin/python" tests/server/loadtest.py --tlaloc "$TLALOC" \
+    --plugin "$plugin" --artifact "$TLALOC_TINY_ARTIFACT" --concurrency "${LOADTEST_CONCURRENCY:-40}"
   echo "== soak on $plugin (${SOAK_SECONDS:-15} s; tests/server/soak.py --seconds 600 by hand)"
-  if "$venv/bin/python" tests/server/soak.py --tlaloc "$TLALOC" --plugin "$plugin" \
-    --artifact "$TLALOC_TINY_ARTIFACT" --seconds "${SOAK_SECONDS:-15}"; then
-    echo "soak result: passed"
-  else
-    echo "soak result: failed"
-    status=1
-  fi
+  check soak "$venv/bin/python" tests/server/soak.py --tlaloc "$TLALOC" --plugin "$plugin" \
+    --artifact "$TLALOC_TINY_ARTIFACT" --seconds "${SOAK_SECONDS:-15}"
 done
 exit "$status"

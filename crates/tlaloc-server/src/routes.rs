@@ -233,6 +233,45 @@ async fn models(State(state): State<SharedState>) -> Json<ModelList> {
     })
 }
 
+/// The error answers of both generation endpoints (the body is always [`ErrorResponse`]).
+#[allow(dead_code)] // Only its derived OpenAPI description is used; no handler returns it.
+#[derive(utoipa::IntoResponses)]
+enum GenerationErrors {
+    #[response(status = 400, description = "A field refused; `param` names it")]
+    BadRequest(ErrorResponse),
+    #[response(status = 401, description = "A missing or wrong API key")]
+    Unauthorized(ErrorResponse),
+    #[response(
+        status = 408,
+        description = "The body stopped arriving for the body idle timeout"
+    )]
+    BodyTimeout(ErrorResponse),
+    #[response(
+        status = 413,
+        description = "The body is over the limit, or its `Content-Length` says it would be"
+    )]
+    TooLarge(ErrorResponse),
+    #[response(
+        status = 415,
+        description = "The body is not sent as `application/json`"
+    )]
+    NotJson(ErrorResponse),
+    #[response(
+        status = 429,
+        description = "The server holds all the sequences it may",
+        headers(("Retry-After" = u64, description = "Seconds to wait"))
+    )]
+    Full(ErrorResponse),
+    #[response(status = 500, description = "The engine failed")]
+    EngineFailed(ErrorResponse),
+    #[response(
+        status = 503,
+        description = "The model is still loading, or the server is stopping",
+        headers(("Retry-After" = u64, description = "Seconds to wait"))
+    )]
+    NotReady(ErrorResponse),
+}
+
 /// Generates a completion of a prompt.
 ///
 /// With `stream`, the answer is server-sent events: one `data:` chunk per piece of text, a
@@ -245,19 +284,7 @@ async fn models(State(state): State<SharedState>) -> Json<ModelList> {
             (CompletionResponse = "application/json"),
             (CompletionChunk = "text/event-stream"),
         )),
-        (status = 400, description = "A field refused; `param` names it", body = ErrorResponse),
-        (status = 401, description = "A missing or wrong API key", body = ErrorResponse),
-        (status = 408, description = "The body stopped arriving for the body idle timeout",
-            body = ErrorResponse),
-        (status = 413, description = "The body is over the limit, or its `Content-Length` says it \
-            would be", body = ErrorResponse),
-        (status = 415, description = "The body is not sent as `application/json`",
-            body = ErrorResponse),
-        (status = 429, description = "The server holds all the sequences it may",
-            body = ErrorResponse, headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 500, description = "The engine failed", body = ErrorResponse),
-        (status = 503, description = "The model is still loading, or the server is stopping",
-            body = ErrorResponse, headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        GenerationErrors,
     ))]
 async fn completions(
     State(state): State<SharedState>,
@@ -282,19 +309,7 @@ async fn completions(
             (ChatCompletionResponse = "application/json"),
             (ChatCompletionChunk = "text/event-stream"),
         )),
-        (status = 400, description = "A field refused; `param` names it", body = ErrorResponse),
-        (status = 401, description = "A missing or wrong API key", body = ErrorResponse),
-        (status = 408, description = "The body stopped arriving for the body idle timeout",
-            body = ErrorResponse),
-        (status = 413, description = "The body is over the limit, or its `Content-Length` says it \
-            would be", body = ErrorResponse),
-        (status = 415, description = "The body is not sent as `application/json`",
-            body = ErrorResponse),
-        (status = 429, description = "The server holds all the sequences it may",
-            body = ErrorResponse, headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 500, description = "The engine failed", body = ErrorResponse),
-        (status = 503, description = "The model is still loading, or the server is stopping",
-            body = ErrorResponse, headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        GenerationErrors,
     ))]
 async fn chat_completions(
     State(state): State<SharedState>,
