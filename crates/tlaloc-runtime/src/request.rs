@@ -229,8 +229,7 @@ impl GenerateRequest {
     }
 
     fn check(&self, shape: &ModelShape) -> Result<usize, Refusal> {
-        let (vocab_size, block_size) = (shape.vocab_size, shape.block_size);
-        let allocatable_pages = shape.allocatable_pages();
+        let vocab_size = shape.vocab_size;
         let request = self;
         let prompt = &request.prompt_ids;
         if prompt.is_empty() {
@@ -253,27 +252,40 @@ impl GenerateRequest {
         {
             return Err(Refusal::TooManyLogprobs { asked, vocab_size });
         }
+        self.budget_after(0, shape)
+    }
+
+    /// The token budget of this request when `history` tokens of its sequence come before its
+    /// prompt (0 for a new sequence): `max_tokens`, or what the top context bucket leaves;
+    /// refused when the whole does not fit the top context bucket or the pool.
+    pub(crate) fn budget_after(
+        &self,
+        history: usize,
+        shape: &ModelShape,
+    ) -> Result<usize, Refusal> {
+        let context = history.saturating_add(self.prompt_ids.len());
         let max_context = shape.ladder.max_context();
-        let max_tokens = match request.max_tokens {
+        let max_tokens = match self.max_tokens {
             Some(0) => return Err(Refusal::ZeroMaxTokens),
             Some(n) => n,
-            None => max_context.saturating_sub(prompt.len()).max(1),
+            None => max_context.saturating_sub(context).max(1),
         };
-        let needed = prompt.len().saturating_add(max_tokens);
+        let needed = context.saturating_add(max_tokens);
         if needed > max_context {
             return Err(Refusal::ContextTooLong {
-                prompt_tokens: prompt.len(),
+                prompt_tokens: context,
                 max_tokens,
                 needed,
                 max_context,
             });
         }
-        let pages = needed.div_ceil(block_size);
-        if pages > allocatable_pages {
+        let pages = needed.div_ceil(shape.block_size);
+        let allocatable = shape.allocatable_pages();
+        if pages > allocatable {
             return Err(Refusal::PoolTooSmall {
                 needed,
                 pages,
-                allocatable: allocatable_pages,
+                allocatable,
             });
         }
         Ok(max_tokens)

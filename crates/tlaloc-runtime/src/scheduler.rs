@@ -292,7 +292,7 @@ impl Scheduler {
                 return Err(Refusal::SequenceBusy { key: control.key });
             }
             if let Some(parked) = self.unpark(control.key) {
-                match self.budget_after(&parked, &request) {
+                match request.budget_after(parked.tokens.len(), &self.shape) {
                     Ok(budget) => {
                         max_tokens = budget;
                         history = parked;
@@ -329,34 +329,6 @@ impl Scheduler {
         });
         self.waiting.push_back(slot);
         Ok(())
-    }
-
-    /// The token budget of `request` continuing `parked`, or the refusal if the whole does not
-    /// fit the top context bucket or the pool.
-    fn budget_after(&self, parked: &Parked, request: &GenerateRequest) -> Result<usize, Refusal> {
-        let max_context = self.shape.ladder.max_context();
-        let total = parked.tokens.len() + request.prompt_ids.len();
-        let budget = request
-            .max_tokens
-            .unwrap_or_else(|| max_context.saturating_sub(total).max(1));
-        let needed = total.saturating_add(budget);
-        if needed > max_context {
-            return Err(Refusal::ContextTooLong {
-                prompt_tokens: total,
-                max_tokens: budget,
-                needed,
-                max_context,
-            });
-        }
-        let pages = needed.div_ceil(self.pool.block_size());
-        if pages > self.pool.allocatable() {
-            return Err(Refusal::PoolTooSmall {
-                needed,
-                pages,
-                allocatable: self.pool.allocatable(),
-            });
-        }
-        Ok(budget)
     }
 
     /// Ends a request wherever it is, freeing its pages at once (an aborted request ends its
