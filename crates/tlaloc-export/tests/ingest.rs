@@ -528,6 +528,25 @@ fn tiny_llama_gguf(arch: &str, ffn_down_type: u32) -> Vec<u8> {
 
 /// [`tiny_llama_gguf`] whose metadata claims `block_count` layers (it stores one).
 fn tiny_llama_gguf_claiming(arch: &str, ffn_down_type: u32, block_count: u32) -> Vec<u8> {
+    let down_bytes = match ffn_down_type {
+        0 => (0..64 * 32)
+            .flat_map(|i| (i as f32 * 0.25).to_le_bytes())
+            .collect(),
+        // Q8_0: 34 bytes per 32 elements (only the size matters for these tests).
+        8 => vec![0u8; 64 * 34],
+        _ => vec![0u8; 64 * 32],
+    };
+    tiny_llama_gguf_with_down(arch, block_count, ffn_down_type, &[64, 32], down_bytes)
+}
+
+/// [`tiny_llama_gguf`] with `blk.0.ffn_down.weight` stored as `(type id, ne, bytes)`.
+fn tiny_llama_gguf_with_down(
+    arch: &str,
+    block_count: u32,
+    down_type: u32,
+    down_ne: &[u64],
+    down_bytes: Vec<u8>,
+) -> Vec<u8> {
     let mut w = GgufWriter::new(arch);
     for (k, v) in [
         ("embedding_length", 32),
@@ -562,18 +581,7 @@ fn tiny_llama_gguf_claiming(arch: &str, ffn_down_type: u32, block_count: u32) ->
         let n = ne.iter().product::<u64>() as usize;
         w.tensor(&format!("blk.0.{name}.weight"), &ne, 0, f32s(n));
     }
-    let down_bytes = match ffn_down_type {
-        0 => f32s(64 * 32),
-        // Q8_0: 34 bytes per 32 elements (only the size matters for these tests).
-        8 => vec![0u8; 64 * 34],
-        _ => vec![0u8; 64 * 32],
-    };
-    w.tensor(
-        "blk.0.ffn_down.weight",
-        &[64, 32],
-        ffn_down_type,
-        down_bytes,
-    );
+    w.tensor("blk.0.ffn_down.weight", down_ne, down_type, down_bytes);
     w.finish()
 }
 
@@ -652,20 +660,98 @@ fn gguf_malformed_inputs_are_typed_errors() {
 
 #[test]
 fn gguf_unknown_quant_type_and_architecture_are_refused_by_name() {
-    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 13));
-    let err = open_err(&path);
-    assert!(
-        err.to_string().contains("Q5_K") && err.to_string().contains("blk.0.ffn_down.weight"),
-        "{err}"
-    );
-    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 200));
-    assert!(open_err(&path).to_string().contains("id 200"));
+    // Valid GGUF in a type that is not read (IQ2_XXS, TQ1_0: 256-element blocks), a type ggml
+    // removed (Q4_2) and an id that is no ggml type: "not supported", naming tensor and type.
+    for (id, name, blocks) in [
+        (16, "IQ2_XXS", 8 * 66),
+        (34, "TQ1_0", 8 * 54),
+        (39, "MXFP4", 64 * 17),
+        (4, "Q4_2", 0),
+        (200, "unknown", 0),
+    ] {
+        let ne: &[u64] = if name == "MXFP4" {
+            &[64, 32]
+        } else {
+            &[256, 8]
+        };
+        let bytes = tiny_llama_gguf_with_down("llama", 1, id, ne, vec![0u8; blocks]);
+        let (_tmp, path) = write_gguf(&bytes);
+        let err = open_err(&path);
+        assert!(
+            matches!(&err, IngestError::UnsupportedGgmlType { tensor, .. } if tensor == "blk.0.ffn_down.weight"),
+            "{name}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{name} (ggml type {id}) is not supported"))
+                && text.contains("supported: F32")
+                && !text.contains("malformed"),
+            "{text}"
+        );
+    }
     let (_tmp, path) = write_gguf(&tiny_llama_gguf("falcon", 0));
     let err = open_err(&path);
     assert!(
         matches!(&err, IngestError::UnsupportedArchitecture { found, .. } if found == "falcon"),
         "{err}"
     );
+}
+
+#[test]
+fn gguf_hostile_quantized_tensors_are_typed_errors_naming_tensor_and_type() {
+    let down = "\"blk.0.ffn_down.weight\"";
+    let cases: Vec<(&str, Vec<u8>, Vec<&str>)> = vec![
+        (
+            "Q4_K row of 64 elements (the block is 256)",
+            tiny_llama_gguf_with_down("llama", 1, 12, &[64, 32], vec![0u8; 64 * 32]),
+            vec![down, "row length 64", "Q4_K block size 256"],
+        ),
+        (
+            "Q5_0 row of 48 elements (the block is 32)",
+            tiny_llama_gguf_with_down("llama", 1, 6, &[48, 32], vec![0u8; 48 * 32]),
+            vec![down, "row length 48", "Q5_0 block size 32"],
+        ),
+        (
+            "Q6_K blocks cut short by the end of the file",
+            {
+                let bytes =
+                    tiny_llama_gguf_with_down("llama", 1, 14, &[256, 8], vec![7u8; 8 * 210]);
+                bytes[..bytes.len() - 300].to_vec()
+            },
+            vec![down, "1680 bytes of Q6_K", "past the end"],
+        ),
+        (
+            "dimensions whose product overflows",
+            tiny_llama_gguf_with_down("llama", 1, 13, &[1 << 40, 1 << 40], Vec::new()),
+            vec![down, "(Q5_K) dimensions", "overflow"],
+        ),
+        (
+            "element count that fits but byte size that overflows",
+            tiny_llama_gguf_with_down("llama", 1, 0, &[1 << 62], Vec::new()),
+            vec![down, "F32", "byte size overflows"],
+        ),
+    ];
+    for (what, bytes, needles) in cases {
+        let (_tmp, path) = write_gguf(&bytes);
+        let err = open_err(&path);
+        assert!(matches!(err, IngestError::Gguf { .. }), "{what}: {err:?}");
+        let text = err.to_string();
+        for needle in needles {
+            assert!(text.contains(needle), "{what}: {needle:?} not in: {text}");
+        }
+    }
+    // A well-formed Q5_0 tensor of the right shape opens (it was refused before Q5_0 was read)
+    // and reads back as the blocks say: scale 0.5 (f16 0x3800), high bits of all ones,
+    // nibbles 0x21 -> elements 1 | 16 and 2 | 16, minus 16: 0.5 and 1.0.
+    let mut block = vec![0x00, 0x38, 0xFF, 0xFF, 0xFF, 0xFF];
+    block.extend([0x21u8; 16]);
+    let bytes = tiny_llama_gguf_with_down("llama", 1, 6, &[64, 32], block.repeat(64));
+    let (_tmp, path) = write_gguf(&bytes);
+    let checkpoint = Checkpoint::open(&path).unwrap();
+    let role = TensorRole::Layer(0, tlaloc_export::LayerRole::Down);
+    assert_eq!(checkpoint.meta(role).unwrap().dtype, "Q5_0");
+    let values = checkpoint.tensor(role).unwrap().to_f32();
+    assert_eq!((values[0], values[16], values.len()), (0.5, 1.0, 64 * 32));
 }
 
 #[test]

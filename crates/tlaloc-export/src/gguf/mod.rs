@@ -8,8 +8,8 @@ pub mod header;
 
 use std::path::{Path, PathBuf};
 
-pub use dequant::{ACCEPTED_TYPES, GgmlType, dequantize};
-pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
+pub use dequant::{ACCEPTED_TYPES, DequantError, GGML_TYPES, GgmlType, GgmlTypeInfo, dequantize};
+pub use header::{GgufHeader, GgufTensorInfo, HeaderError, MetaValue};
 
 use crate::checkpoint::{LayerRole, Tensor, TensorData, TensorRole};
 use crate::config::{Architecture, ModelConfig, RopeScaling, unsupported};
@@ -32,11 +32,18 @@ impl GgufCheckpoint {
     pub fn open(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(io_error(path))?;
         let mmap = map_file(&file).map_err(io_error(path))?;
-        let header = GgufHeader::parse(&mmap).map_err(|reason| IngestError::Gguf {
-            path: path.to_path_buf(),
-            reason,
-        })?;
+        let header = parse_header(path, &mmap)?;
         let (arch, config) = config_from_header(&header)?;
+        if let Some(t) = header.tensors.iter().find(|t| !t.ggml_type.is_supported()) {
+            return Err(IngestError::UnsupportedGgmlType {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                reason: DequantError::Unsupported {
+                    name: t.ggml_type.name(),
+                    id: t.ggml_type.id(),
+                },
+            });
+        }
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
@@ -79,7 +86,18 @@ impl GgufCheckpoint {
                 path: self.path.clone(),
                 reason: format!("tensor {name:?} lies past the end of the file"),
             })?;
-        let mut tensor = Tensor::new(name, info.hf_dims(), dequantize(info.ggml_type, bytes))?;
+        let data = dequantize(info.ggml_type, bytes).map_err(|reason| match reason {
+            DequantError::PartialBlock { .. } => IngestError::Gguf {
+                path: self.path.clone(),
+                reason: format!("tensor {name:?}: {reason}"),
+            },
+            _ => IngestError::UnsupportedGgmlType {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                reason,
+            },
+        })?;
+        let mut tensor = Tensor::new(name, info.hf_dims(), data)?;
         // llama.cpp's converter permutes Q and K rows of Llama-architecture files only.
         if self.arch == "llama" {
             let heads = match role {
@@ -97,6 +115,22 @@ impl GgufCheckpoint {
         }
         Ok(tensor)
     }
+}
+
+/// Parses the header of the GGUF file `path` (whose bytes are `bytes`) into the crate's errors:
+/// an unknown element type is refused as not supported, anything else wrong as malformed.
+pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
+    GgufHeader::parse(bytes).map_err(|e| match e {
+        HeaderError::Malformed(reason) => IngestError::Gguf {
+            path: path.to_path_buf(),
+            reason,
+        },
+        HeaderError::UnknownType { tensor, error } => IngestError::UnsupportedGgmlType {
+            path: path.to_path_buf(),
+            tensor,
+            reason: error,
+        },
+    })
 }
 
 /// Undoes llama.cpp's `permute`: within each head, rows `(d, 2)` were interleaved; they go back
