@@ -819,3 +819,100 @@ fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_p
         other => panic!("expected MissingTensors, got {other}"),
     }
 }
+
+// ---- Survey (what `tlaloc inspect` says first) ---------------------------------------------
+
+#[test]
+fn survey_reports_architecture_and_types_and_the_verdict_export_would_give() {
+    use tlaloc_export::Survey;
+    // Accepted: the real SmolLM2 GGUF and a safetensors fixture.
+    let survey = Survey::of(smollm2_gguf());
+    assert!(survey.accepted(), "{survey}");
+    assert_eq!(survey.architecture.as_deref(), Some("llama"));
+    assert_eq!(survey.format.as_deref(), Some("GGUF v3"));
+    let counts: Vec<(&str, usize)> = survey
+        .tensor_types
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.tensors))
+        .collect();
+    assert_eq!(counts, [("F32", 61), ("Q4_1", 210), ("Q8_0", 1)]);
+    let text = survey.to_string();
+    assert!(text.ends_with("export: accepted"), "{text}");
+    assert!(
+        text.contains("tensors by type (272): F32 61, Q4_1 210, Q8_0 1\n"),
+        "{text}"
+    );
+
+    let survey = Survey::of(support::fixture("tiny-llama-tied"));
+    assert!(survey.accepted(), "{survey}");
+    let text = survey.to_string();
+    assert!(
+        text.contains("architecture: LlamaForCausalLM (model_type llama)")
+            && text.contains("format: safetensors (1 file)")
+            && text.contains("BF16 "),
+        "{text}"
+    );
+
+    // Refused for a type that is not read: the same refusal Checkpoint::open (and so export)
+    // gives, with the type counted and marked.
+    let bytes = tiny_llama_gguf_with_down("llama", 1, 16, &[256, 8], vec![0u8; 8 * 66]);
+    let (_tmp, path) = write_gguf(&bytes);
+    let survey = Survey::of(&path);
+    let refusal = open_err(&path).to_string();
+    assert_eq!(
+        survey.verdict.as_ref().unwrap_err().to_string(),
+        refusal,
+        "survey and open disagree"
+    );
+    let text = survey.to_string();
+    assert!(
+        text.contains("IQ2_XXS 1 (not supported)")
+            && text.contains(&format!("export: refused: {refusal}"))
+            && text.contains("architecture: llama"),
+        "{text}"
+    );
+
+    // Refused for its architecture: still says what it is.
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("falcon", 0));
+    let survey = Survey::of(&path);
+    assert!(matches!(
+        survey.verdict,
+        Err(IngestError::UnsupportedArchitecture { .. })
+    ));
+    assert!(survey.to_string().contains("architecture: falcon\n"), "{survey}");
+
+    // Not readable at all: nothing found, and the malformed-file refusal.
+    let (_tmp, path) = write_gguf(b"GGUF");
+    let text = Survey::of(&path).to_string();
+    assert!(
+        text.contains("architecture: not found")
+            && text.contains("export: refused: malformed GGUF file"),
+        "{text}"
+    );
+}
+
+/// The Gemma 3 270M Q4_K_M file from PyPI (fetched by `scripts/setup.sh`): every one of its
+/// tensor types is read now (Q5_0 was refused before), so what is refused is the architecture.
+#[test]
+fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_the_architecture_by_name() {
+    let path = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
+    if !path.is_file() {
+        eprintln!(
+            "skipping: {} is absent (`bash scripts/setup.sh` fetches it)",
+            path.display()
+        );
+        return;
+    }
+    let survey = tlaloc_export::Survey::of(&path);
+    assert_eq!(survey.architecture.as_deref(), Some("gemma3"));
+    let text = survey.to_string();
+    assert!(
+        text.contains("tensors by type (236): F32 109, Q4_K 27, Q5_0 81, Q6_K 9, Q8_0 10\n"),
+        "{text}"
+    );
+    assert!(!text.contains("not supported)"), "{text}");
+    match &survey.verdict {
+        Err(IngestError::UnsupportedArchitecture { found, .. }) => assert_eq!(found, "gemma3"),
+        other => panic!("expected the architecture refused, got {other:?}"),
+    }
+}
