@@ -879,7 +879,10 @@ fn survey_reports_architecture_and_types_and_the_verdict_export_would_give() {
         survey.verdict,
         Err(IngestError::UnsupportedArchitecture { .. })
     ));
-    assert!(survey.to_string().contains("architecture: falcon\n"), "{survey}");
+    assert!(
+        survey.to_string().contains("architecture: falcon\n"),
+        "{survey}"
+    );
 
     // Not readable at all: nothing found, and the malformed-file refusal.
     let (_tmp, path) = write_gguf(b"GGUF");
