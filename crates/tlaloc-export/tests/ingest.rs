@@ -258,6 +258,54 @@ fn qwen2_fixture_has_qkv_bias_and_tied_fixture_resolves_lm_head_to_embedding() {
     );
 }
 
+#[test]
+fn qwen3_fixture_has_per_head_q_and_k_norms_and_a_wider_q_than_the_model() {
+    let qwen3 = Checkpoint::open(support::fixture("tiny-qwen3-qknorm")).unwrap();
+    let c = &qwen3.config;
+    assert!(c.qk_norm && !c.qkv_bias && !c.o_bias, "{c}");
+    assert_eq!((c.head_dim, c.q_dim(), c.hidden_size), (32, 128, 64));
+    for role in [
+        tlaloc_export::LayerRole::QNorm,
+        tlaloc_export::LayerRole::KNorm,
+    ] {
+        let meta = qwen3.meta(TensorRole::Layer(1, role)).unwrap();
+        assert_eq!(meta.dims, vec![32], "{}", meta.name);
+    }
+    // The norms are required: without them the checkpoint is refused by name.
+    let tmp = copy_fixture("tiny-qwen3-qknorm");
+    edit_config(tmp.path(), |c| {
+        c.insert("use_sliding_window".into(), Value::Bool(true));
+        c.insert("sliding_window".into(), Value::from(16));
+    });
+    let err = open_err(tmp.path());
+    assert!(err.to_string().contains("sliding_window"), "{err}");
+    // A llama checkpoint relabelled qwen3 lacks them.
+    let tmp = copy_fixture("tiny-llama-gqa");
+    edit_config(tmp.path(), |c| {
+        c.insert(
+            "architectures".into(),
+            serde_json::json!(["Qwen3ForCausalLM"]),
+        );
+    });
+    match open_err(tmp.path()) {
+        IngestError::MissingTensors { names, .. } => {
+            assert_eq!(names[0], "model.layers.0.self_attn.q_norm.weight")
+        }
+        other => panic!("expected MissingTensors, got {other}"),
+    }
+    // GGUF general.architecture qwen3 asks for llama.cpp's attn_q_norm / attn_k_norm.
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("qwen3", 0));
+    match open_err(&path) {
+        IngestError::MissingTensors { names, .. } => {
+            assert_eq!(
+                names[..2],
+                ["blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"]
+            )
+        }
+        other => panic!("expected MissingTensors, got {other}"),
+    }
+}
+
 // ---- malformed inputs -------------------------------------------------------------------
 
 fn copy_fixture(name: &str) -> tempfile::TempDir {
@@ -817,6 +865,59 @@ fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_p
             assert_eq!(names.len() + more, 9 * (u32::MAX as usize - 1));
         }
         other => panic!("expected MissingTensors, got {other}"),
+    }
+}
+
+/// The Qwen3 fixture rewritten as an f32 GGUF the way llama.cpp names and lays it out
+/// (`general.architecture` qwen3, `qwen3.*` keys, `attn_q_norm` / `attn_k_norm`, no Q/K row
+/// permutation): it opens to the same config and the same tensors, bit for bit.
+#[test]
+fn qwen3_as_gguf_reads_back_as_the_safetensors_fixture() {
+    let st = Checkpoint::open(support::fixture("tiny-qwen3-qknorm")).unwrap();
+    let c = &st.config;
+    let mut w = GgufWriter::new("qwen3");
+    for (k, v) in [
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("block_count", c.num_hidden_layers),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("attention.key_length", c.head_dim),
+        ("context_length", c.max_position_embeddings),
+    ] {
+        w.u32(&format!("qwen3.{k}"), v as u32);
+    }
+    w.f32(
+        "qwen3.attention.layer_norm_rms_epsilon",
+        c.rms_norm_eps as f32,
+    );
+    w.f32("qwen3.rope.freq_base", c.rope_theta as f32);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    for role in st.roles() {
+        let t = st.tensor(role).unwrap();
+        let ne: Vec<u64> = t.dims.iter().rev().map(|&d| d as u64).collect();
+        let bytes = t.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.tensor(&role.gguf_name(), &ne, 0, bytes);
+    }
+    let (_tmp, path) = write_gguf(&w.finish());
+    let gguf = Checkpoint::open(&path).unwrap();
+    let g = &gguf.config;
+    assert!(g.qk_norm && !g.qkv_bias && !g.tie_word_embeddings, "{g}");
+    assert_eq!(
+        (g.head_dim, g.q_dim(), g.num_key_value_heads, g.vocab_size),
+        (c.head_dim, c.q_dim(), c.num_key_value_heads, c.vocab_size)
+    );
+    assert_eq!(gguf.roles(), st.roles());
+    for role in st.roles() {
+        assert_eq!(
+            gguf.tensor(role).unwrap(),
+            st.tensor(role).unwrap(),
+            "{role}: GGUF and safetensors differ"
+        );
     }
 }
 

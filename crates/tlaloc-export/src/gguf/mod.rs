@@ -214,15 +214,22 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
     let arch = h
         .get("general.architecture")
         .and_then(MetaValue::as_str)
-        .ok_or_else(|| unsupported("general.architecture", "missing", "\"llama\" or \"qwen2\""))?
+        .ok_or_else(|| {
+            unsupported(
+                "general.architecture",
+                "missing",
+                "\"llama\", \"qwen2\" or \"qwen3\"",
+            )
+        })?
         .to_string();
     let architecture = match arch.as_str() {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
         other => {
             return Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
-                accepted: "GGUF general.architecture llama, qwen2",
+                accepted: "GGUF general.architecture llama, qwen2, qwen3",
             });
         }
     };
@@ -306,6 +313,7 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         qkv_bias,
         o_bias: any_layer_has(".attn_output.bias"),
         mlp_bias: any_layer_has(".ffn_gate.bias"),
+        qk_norm: architecture == Architecture::Qwen3,
         bos_token_id: token_id(h, "tokenizer.ggml.bos_token_id")?,
         eos_token_ids: token_id(h, "tokenizer.ggml.eos_token_id")?
             .into_iter()
