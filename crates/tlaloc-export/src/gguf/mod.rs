@@ -1,5 +1,5 @@
 //! llama.cpp GGUF checkpoints: the container ([`header`]), dequantization ([`dequant`]) and the
-//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` metadata, tensors in
+//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` / `qwen3.*` metadata, tensors in
 //! Hugging Face layout with llama.cpp's Q/K row permutation undone exactly as transformers'
 //! `LlamaTensorProcessor._reverse_permute_weights` does.
 
