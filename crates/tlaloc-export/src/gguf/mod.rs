@@ -1,7 +1,7 @@
 //! llama.cpp GGUF checkpoints: the container ([`header`]), dequantization ([`dequant`]) and the
-//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` / `qwen3.*` metadata, tensors in
-//! Hugging Face layout with llama.cpp's Q/K row permutation undone exactly as transformers'
-//! `LlamaTensorProcessor._reverse_permute_weights` does.
+//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` / `qwen3.*`
+//! metadata, tensors in Hugging Face layout with llama.cpp's Q/K row permutation undone (Llama
+//! files only) exactly as transformers' `LlamaTensorProcessor._reverse_permute_weights` does.
 
 pub mod dequant;
 pub mod header;
