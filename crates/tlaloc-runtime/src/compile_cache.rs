@@ -10,14 +10,21 @@
 //! from another entry or plugin) or whose payload does not hash to its header is a miss, and is
 //! rewritten; so is a file that fails to load.
 //!
+//! The same identity, with the plugin file named by its sha256 instead of its path (paths differ
+//! between machines) and the compile options added, is what executables shipped in an artifact
+//! are recorded under ([`CacheIdentity::compiler_identity`]).
+//!
 //! What the cache trusts: whoever can write its directory. The header binds a file to its
 //! key, so files cannot be swapped between entries, bodies or plugin builds by renaming, but a
 //! writer who forges a header chooses the code that runs, as a writer of the plugin file
 //! would. Keep the cache directory as private as the plugin.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
+use tlaloc_artifact::CompilerIdentity;
 
 /// What identifies the plugin build and device an executable was compiled for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +55,58 @@ impl CacheIdentity {
         let size = std::fs::metadata(&canonical).map(|m| m.len()).unwrap_or(0);
         format!("{}:{size}", canonical.display())
     }
+
+    /// The identity an artifact records executables under: this one with the plugin file at
+    /// `plugin` named by its name, length and sha256, and the compile options' bytes.
+    pub fn compiler_identity(
+        &self,
+        plugin: &Path,
+        compile_options: &[u8],
+    ) -> std::io::Result<CompilerIdentity> {
+        let (plugin_byte_length, plugin_sha256) = plugin_file_hash(plugin)?;
+        let (major, minor) = self.api_version;
+        Ok(CompilerIdentity {
+            platform_name: self.platform_name.clone(),
+            device_kind: self.device_kind.clone(),
+            pjrt_api_version: format!("{major}.{minor}"),
+            platform_version: self.platform_version.clone(),
+            plugin_file_name: plugin
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            plugin_byte_length,
+            plugin_sha256,
+            xla_flags: self.compiler_flags.clone(),
+            compile_options: hex::encode(compile_options),
+        })
+    }
+}
+
+/// `(length, sha256)` of a plugin file, hashed once per process for each (path, length,
+/// modification time): plugins are hundreds of megabytes and a process loads one many times
+/// only in tests and tools.
+fn plugin_file_hash(path: &Path) -> std::io::Result<(u64, String)> {
+    static HASHED: Mutex<Vec<((PathBuf, u64, Option<SystemTime>), String)>> =
+        Mutex::new(Vec::new());
+    let canonical = path.canonicalize()?;
+    let meta = std::fs::metadata(&canonical)?;
+    let key = (canonical.clone(), meta.len(), meta.modified().ok());
+    if let Some((_, hash)) = HASHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(k, _)| *k == key)
+    {
+        return Ok((meta.len(), hash.clone()));
+    }
+    let mut hasher = Sha256::new();
+    let len = std::io::copy(&mut std::fs::File::open(&canonical)?, &mut hasher)?;
+    let hash = hex::encode(hasher.finalize());
+    HASHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((key, hash.clone()));
+    Ok((len, hash))
 }
 
 /// A cache directory.
