@@ -57,13 +57,15 @@ impl CacheIdentity {
     }
 
     /// The identity an artifact records executables under: this one with the plugin file at
-    /// `plugin` named by its name, length and sha256, and the compile options' bytes.
+    /// `plugin` named by its name, length and sha256, and the compile options' bytes. With a
+    /// compile cache, the plugin's hash is remembered there (see [`PLUGIN_HASHES_DIR`]).
     pub fn compiler_identity(
         &self,
         plugin: &Path,
         compile_options: &[u8],
+        cache: Option<&CompileCache>,
     ) -> std::io::Result<CompilerIdentity> {
-        let (plugin_byte_length, plugin_sha256) = plugin_file_hash(plugin)?;
+        let (plugin_byte_length, plugin_sha256) = plugin_file_hash(plugin, cache)?;
         let (major, minor) = self.api_version;
         Ok(CompilerIdentity {
             platform_name: self.platform_name.clone(),
@@ -82,22 +84,47 @@ impl CacheIdentity {
     }
 }
 
-/// `(length, sha256)` of a plugin file, hashed once per process for each (path, length,
-/// modification time): plugins are hundreds of megabytes and a process loads one many times
-/// only in tests and tools.
-fn plugin_file_hash(path: &Path) -> std::io::Result<(u64, String)> {
-    static HASHED: Mutex<Vec<((PathBuf, u64, Option<SystemTime>), String)>> =
-        Mutex::new(Vec::new());
+/// Subdirectory of the compile cache remembering plugin hashes: one file per (canonical path,
+/// length, modification time, inode) of a plugin, holding its sha256. Hashing a plugin of
+/// hundreds of megabytes costs a large part of a start that deserializes every entry; a
+/// reinstalled plugin is a new file (new inode or time) and is hashed again. Trusted as the
+/// cache is: whoever can write it can already choose the code that runs.
+pub const PLUGIN_HASHES_DIR: &str = "plugin-sha256";
+
+/// `(length, sha256)` of a plugin file: remembered in this process and, with a cache, on disk.
+fn plugin_file_hash(path: &Path, cache: Option<&CompileCache>) -> std::io::Result<(u64, String)> {
+    static HASHED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
     let canonical = path.canonicalize()?;
     let meta = std::fs::metadata(&canonical)?;
-    let key = (canonical.clone(), meta.len(), meta.modified().ok());
-    if let Some((_, hash)) = HASHED
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    #[cfg(not(unix))]
+    let inode = 0u64;
+    let file_key = hex::encode(Sha256::digest(format!(
+        "{}\0{}\0{mtime}\0{inode}",
+        canonical.display(),
+        meta.len()
+    )));
+    let remembered = HASHED
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .find(|(k, _)| *k == key)
-    {
-        return Ok((meta.len(), hash.clone()));
+        .find(|(k, _)| *k == file_key)
+        .map(|(_, hash)| hash.clone());
+    let on_disk = cache.map(|c| c.dir().join(PLUGIN_HASHES_DIR).join(&file_key));
+    let read_back = || {
+        let text = std::fs::read_to_string(on_disk.as_ref()?).ok()?;
+        let hash = text.trim();
+        tlaloc_artifact::paths::check_sha256(hash).ok()?;
+        Some(hash.to_owned())
+    };
+    if let Some(hash) = remembered.or_else(read_back) {
+        return Ok((meta.len(), hash));
     }
     let mut hasher = Sha256::new();
     let len = std::io::copy(&mut std::fs::File::open(&canonical)?, &mut hasher)?;
@@ -105,7 +132,19 @@ fn plugin_file_hash(path: &Path) -> std::io::Result<(u64, String)> {
     HASHED
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push((key, hash.clone()));
+        .push((file_key, hash.clone()));
+    if let Some(file) = on_disk {
+        let write = || -> std::io::Result<()> {
+            let dir = file.parent().expect("inside the cache");
+            std::fs::create_dir_all(dir)?;
+            let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
+            std::fs::write(&tmp, format!("{hash}\n"))?;
+            std::fs::rename(&tmp, &file)
+        };
+        if let Err(e) = write() {
+            tracing::warn!(file = %file.display(), error = %e, "could not remember the plugin's hash");
+        }
+    }
     Ok((len, hash))
 }
 

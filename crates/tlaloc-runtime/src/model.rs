@@ -352,6 +352,7 @@ impl Model {
                         &artifact,
                         &opened.platform,
                         &compile_options,
+                        cache.as_ref(),
                         options.artifact_executables,
                     );
                     let compiler = Compiler {
@@ -570,6 +571,7 @@ pub fn compile_into_artifact(
         .compiler_identity(
             &opened.platform.plugin_path,
             &compile_options.to_proto_bytes(),
+            cache.as_ref(),
         )
         .map_err(|source| LoadError::Io {
             what: format!(
@@ -717,6 +719,7 @@ fn select_executables(
     artifact: &Artifact,
     platform: &Platform,
     options: &CompileOptions,
+    cache: Option<&CompileCache>,
     enabled: bool,
 ) -> Selection {
     let sets = &artifact.manifest().executables;
@@ -731,10 +734,17 @@ fn select_executables(
         selection.unusable = Some("the artifact's executables were not asked for".into());
         return selection;
     }
-    let mine = match platform
-        .identity
-        .compiler_identity(&platform.plugin_path, &options.to_proto_bytes())
-    {
+    let started = Instant::now();
+    let mine = platform.identity.compiler_identity(
+        &platform.plugin_path,
+        &options.to_proto_bytes(),
+        cache,
+    );
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        "identity of this plugin and device (plugin file hashed)"
+    );
+    let mine = match mine {
         Ok(mine) => mine,
         Err(e) => {
             selection.unusable = Some(format!(
