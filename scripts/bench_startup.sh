@@ -35,3 +35,5 @@ done
 for i in $(seq "$RUNS"); do
   "${bench[@]}" --compile-cache "$CACHES/shipped-$i" | summary "shipped executables, run $i"
 done
+# A second start on the same machine: the plugin's hash is remembered in the compile cache.
+"${bench[@]}" --compile-cache "$CACHES/shipped-1" | summary "shipped executables, second start"

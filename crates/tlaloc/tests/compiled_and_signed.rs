@@ -75,7 +75,8 @@ fn ids(value: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// `tlaloc generate --json` of the golden's first case with no compile cache.
+/// `tlaloc generate --json` of the golden's first case with no compile cache, every entry made
+/// ready at start.
 fn generate(dir: &Path, plugin: &Path, case: &Value) -> Value {
     let prompt: Vec<String> = ids(&case["prompt_ids"])
         .iter()
@@ -94,6 +95,7 @@ fn generate(dir: &Path, plugin: &Path, case: &Value) -> Value {
         "--max-new-tokens",
         &max,
         "--ignore-eos",
+        "--eager-compile",
         "--json",
     ]);
     serde_json::from_str(&out).unwrap()
@@ -131,14 +133,14 @@ fn compiled_artifacts_start_from_their_executables_and_reproduce_transformers() 
         ok(&["verify", dir.to_str().unwrap()]);
 
         let out = generate(&dir, plugin, case);
-        let load = &out["load"];
+        let load = &out["timings"]["load"];
         assert_eq!(load["compiled"], 0, "{load}");
         assert!(load["from_artifact"].as_u64().unwrap() > 0, "{load}");
         assert_eq!(ids(&out["generated_ids"])[..n], expected[..n]);
 
         for other in plugins.iter().filter(|p| *p != plugin) {
             let out = generate(&dir, other, case);
-            let load = &out["load"];
+            let load = &out["timings"]["load"];
             assert_eq!(load["from_artifact"], 0, "{load}");
             let line = load["executables"].as_str().unwrap();
             let builder = plugin.file_name().unwrap().to_str().unwrap();
