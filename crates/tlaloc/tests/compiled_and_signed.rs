@@ -144,7 +144,10 @@ fn compiled_artifacts_start_from_their_executables_and_reproduce_transformers() 
             assert_eq!(load["from_artifact"], 0, "{load}");
             let line = load["executables"].as_str().unwrap();
             let builder = plugin.file_name().unwrap().to_str().unwrap();
-            assert!(line.contains("built by") && line.contains(builder), "{line}");
+            assert!(
+                line.contains("built by") && line.contains(builder),
+                "{line}"
+            );
             assert_eq!(ids(&out["generated_ids"])[..n], expected[..n]);
         }
     }
@@ -163,7 +166,11 @@ fn signatures_are_checked_by_verify_and_serve_and_refused_by_name() {
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&secret).unwrap().permissions().mode();
-        assert_eq!(mode & 0o077, 0, "the secret key is readable by others: {mode:o}");
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "the secret key is readable by others: {mode:o}"
+        );
     }
     // A second keygen never overwrites the key.
     let e = refused(&["keygen", "--out", prefix.to_str().unwrap()]);
@@ -172,7 +179,10 @@ fn signatures_are_checked_by_verify_and_serve_and_refused_by_name() {
 
     // Unsigned: verify --public-key and serve --require-signature refuse it by name.
     let e = refused(&["verify", d, "--public-key", p]);
-    assert!(e.contains("is not signed") && e.contains(SIGNATURE_FILE), "{e}");
+    assert!(
+        e.contains("is not signed") && e.contains(SIGNATURE_FILE),
+        "{e}"
+    );
     let serve = |key: &str| {
         refused(&[
             "serve",
@@ -193,11 +203,18 @@ fn signatures_are_checked_by_verify_and_serve_and_refused_by_name() {
     // The key never went into the artifact, and a key inside it is refused.
     let listing: Vec<String> = walk(&dir);
     assert!(
-        !listing.iter().any(|f| f.contains("secret") || f.ends_with(".pub")),
+        !listing
+            .iter()
+            .any(|f| f.contains("secret") || f.ends_with(".pub")),
         "{listing:?}"
     );
     std::fs::copy(&secret, dir.join("inside.secret")).unwrap();
-    let e = refused(&["sign", d, "--key", dir.join("inside.secret").to_str().unwrap()]);
+    let e = refused(&[
+        "sign",
+        d,
+        "--key",
+        dir.join("inside.secret").to_str().unwrap(),
+    ]);
     assert!(e.contains("inside the artifact"), "{e}");
     std::fs::remove_file(dir.join("inside.secret")).unwrap();
 
@@ -221,7 +238,10 @@ fn signatures_are_checked_by_verify_and_serve_and_refused_by_name() {
         flipped[at] ^= 0x01;
         std::fs::write(&path, &flipped).unwrap();
         let e = refused(&["verify", d, "--public-key", p]);
-        assert!(e.contains("does not match") && e.contains(SIGNATURE_FILE), "{file}: {e}");
+        assert!(
+            e.contains("does not match") && e.contains(SIGNATURE_FILE),
+            "{file}: {e}"
+        );
         let e = serve(p);
         assert!(e.contains("does not match"), "{file}: {e}");
         std::fs::write(&path, &original).unwrap();
@@ -239,7 +259,12 @@ fn walk(dir: &Path) -> Vec<String> {
             if path.is_dir() {
                 stack.push(path);
             } else {
-                out.push(path.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+                out.push(
+                    path.strip_prefix(dir)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
             }
         }
     }
