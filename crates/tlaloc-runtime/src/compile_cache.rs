@@ -337,6 +337,25 @@ mod tests {
     }
 
     #[test]
+    fn a_plugin_hash_is_remembered_in_the_cache_and_redone_for_a_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = dir.path().join("plugin.so");
+        let cache = CompileCache::new(dir.path().join("cache"));
+        std::fs::write(&plugin, b"build one").unwrap();
+        let first = plugin_file_hash(&plugin, Some(&cache)).unwrap();
+        assert_eq!(first, (9, hex::encode(Sha256::digest(b"build one"))));
+        let remembered: Vec<_> = std::fs::read_dir(cache.dir().join(PLUGIN_HASHES_DIR))
+            .unwrap()
+            .collect();
+        assert_eq!(remembered.len(), 1);
+        // A reinstalled plugin is another file: hashed again, not taken from the memo.
+        std::fs::remove_file(&plugin).unwrap();
+        std::fs::write(&plugin, b"build two!").unwrap();
+        let second = plugin_file_hash(&plugin, Some(&cache)).unwrap();
+        assert_eq!(second, (10, hex::encode(Sha256::digest(b"build two!"))));
+    }
+
+    #[test]
     fn put_then_get_round_trips() {
         let dir = std::env::temp_dir().join(format!("tlaloc-cache-test-{}", std::process::id()));
         let cache = CompileCache::new(&dir);

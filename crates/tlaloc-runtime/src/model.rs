@@ -395,7 +395,10 @@ impl Model {
                     entries.get_mut(&key).expect("key from the map").executable = Some(executable);
                 }
             }
-            None => timings.deferred = entries.len(),
+            None => {
+                timings.deferred = entries.len();
+                timings.executables = selection.report_deferred(entries.len());
+            }
         }
 
         let OpenedClient {
@@ -784,6 +787,28 @@ fn select_executables(
 }
 
 impl Selection {
+    /// The load log's line about shipped executables when every entry waits for first use.
+    fn report_deferred(&self, entries: usize) -> Option<String> {
+        if !self.shipped_any {
+            return None;
+        }
+        let line = match &self.unusable {
+            None => format!(
+                "executables: {} of {entries} entries will load from the artifact on first use (identity matches)",
+                self.usable.len()
+            ),
+            Some(why) => {
+                format!("executables: all {entries} entries will compile on first use: {why}")
+            }
+        };
+        if self.unusable.is_none() {
+            tracing::info!("{line}");
+        } else {
+            tracing::warn!("{line}");
+        }
+        Some(line)
+    }
+
     /// The one line of the load log about shipped executables (`None` when there are none),
     /// logged as it is returned: info when every entry came from the artifact, warn otherwise.
     fn report(&self, compiled: &Compiled) -> Option<String> {

@@ -206,6 +206,11 @@ fn lazily_loaded_entries_come_from_the_artifact_too() {
         compile_into_artifact(&dir, &uncached(&plugin)).unwrap();
         // Entries made ready on first use take the shipped executables the same way.
         let model = Model::load(&dir, &options(&plugin, None, CompileMode::Lazy)).unwrap();
+        let line = model.load_timings().unwrap().executables.unwrap();
+        assert!(
+            line.contains("load from the artifact on first use"),
+            "{line}"
+        );
         let engine = tlaloc_runtime::Engine::start(model).unwrap();
         let prompt = vec![5, 3, 8];
         let got = engine
