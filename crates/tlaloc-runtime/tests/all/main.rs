@@ -5,6 +5,7 @@ mod fake;
 mod model_runs;
 mod parked;
 mod scheduler_steps;
+mod shipped_executables;
 mod step_rows;
 mod streams;
 mod toy;
