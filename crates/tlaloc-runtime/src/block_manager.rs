@@ -309,6 +309,73 @@ mod tests {
         assert_eq!(pool.free_count(), 3);
     }
 
+    fn hash(n: u32) -> BlockHash {
+        BlockHash::root(b"unit").chain(&[n])
+    }
+
+    #[test]
+    fn a_shared_page_is_freed_by_its_last_holder_and_then_kept_for_reuse() {
+        let mut pool = BlockManager::new(4, 4).unwrap();
+        let mut a = Vec::new();
+        assert!(pool.grow_to(&mut a, 8));
+        assert!(pool.register(a[0], hash(0)));
+        assert!(
+            !pool.register(a[1], hash(0)),
+            "a block is cached in one page"
+        );
+        let hit = pool.lookup(&[hash(0), hash(1)]);
+        assert_eq!(hit, vec![a[0]], "the run stops at the first miss");
+        let mut b = hit.clone();
+        pool.acquire(b[0]);
+        assert_eq!(pool.holders(a[0]), 2);
+        pool.release(&mut a);
+        assert_eq!(pool.holders(b[0]), 1, "still held by b");
+        assert_eq!((pool.used(), pool.evictable()), (1, 0));
+        pool.release(&mut b);
+        assert_eq!((pool.used(), pool.evictable(), pool.cached()), (0, 1, 1));
+        assert_eq!(pool.free_count(), 3);
+        // A hit on a page nobody holds takes it back out of the eviction order.
+        let page = pool.lookup(&[hash(0)])[0];
+        pool.acquire(page);
+        assert_eq!((pool.used(), pool.evictable()), (1, 0));
+        pool.release(&mut vec![page]);
+    }
+
+    #[test]
+    fn allocation_takes_plain_free_pages_first_then_the_least_recently_released_cached() {
+        let mut pool = BlockManager::new(5, 4).unwrap();
+        let mut table = Vec::new();
+        assert!(pool.grow_to(&mut table, 12));
+        for (i, &page) in table.iter().enumerate() {
+            assert!(pool.register(page, hash(i as u32)));
+        }
+        let pages = table.clone();
+        // Released last page first: the tail of a sequence is evicted before its prefix.
+        pool.release(&mut table);
+        assert_eq!(pool.evictable(), 3);
+        let plain = pool.allocate().unwrap();
+        assert!(!pages.contains(&plain), "the never-used page goes first");
+        assert_eq!(pool.allocate(), Some(pages[2]));
+        assert_eq!(
+            pool.hash_of(pages[2]),
+            None,
+            "an evicted page forgets its block"
+        );
+        assert_eq!(pool.lookup(&[hash(2)]), Vec::<PageId>::new());
+        assert_eq!(pool.allocate(), Some(pages[1]));
+        assert_eq!(pool.evictions(), 2);
+        assert_eq!(pool.lookup(&[hash(0), hash(1)]), vec![pages[0]]);
+        // Held pages are never evicted: with the last cached page held, nothing is left.
+        pool.acquire(pages[0]);
+        assert_eq!(pool.allocate(), None);
+        pool.release(&mut vec![plain, pages[2], pages[1], pages[0]]);
+        pool.forget_cached();
+        assert_eq!(
+            (pool.cached(), pool.evictable(), pool.free_count()),
+            (0, 0, 4)
+        );
+    }
+
     #[test]
     fn refuses_pools_that_cannot_work() {
         assert_eq!(
