@@ -19,6 +19,8 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -95,6 +97,15 @@ def fixture_specs():
             False,
         ),
         (
+            # head_dim 32 with 4 heads: q is 128 wide in a 64-wide model, as in real Qwen3.
+            "tiny-qwen3-qknorm",
+            1006,
+            Qwen3ForCausalLM,
+            small(Qwen3Config, head_dim=32, use_sliding_window=False),
+            torch.float32,
+            False,
+        ),
+        (
             "tiny-llama3-rope",
             1004,
             LlamaForCausalLM,
@@ -149,6 +160,10 @@ def make(name, seed, model_cls, config, save_dtype, wants_tokenizer, gguf, force
         biases = [n for n, _ in model.named_parameters() if n.endswith(".bias")]
         if not biases:
             raise SystemExit("tiny-qwen2-bias: the model has no bias parameters to fill")
+    if name == "tiny-qwen3-qknorm":
+        norms = [n for n, _ in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))]
+        if not norms:
+            raise SystemExit("tiny-qwen3-qknorm: the model has no q_norm/k_norm parameters")
     model = model.to(save_dtype)
     model.save_pretrained(target, safe_serialization=True)
     if wants_tokenizer:

@@ -34,6 +34,7 @@ TINY_MODELS = [
     "tiny-llama-gqa",
     "tiny-llama-tied",
     "tiny-qwen2-bias",
+    "tiny-qwen3-qknorm",
     "tiny-llama3-rope",
     "tiny-llama-linear-rope",
 ]

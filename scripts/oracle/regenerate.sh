@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes (or reuses) the oracle's venv from requirements.txt, makes any missing tiny fixture and
-# rewrites every golden file plus MANIFEST.json. Extra arguments go to make_goldens.py
+# rewrites every golden file plus MANIFEST.json, then the ggml dequantization goldens
+# (tests/data/gguf-quants, their own MANIFEST.json). Extra arguments go to make_goldens.py
 # (e.g. --gguf PATH, --only MODEL). Existing fixtures are kept; remake one on purpose with
 # `make_fixtures.py --force --only NAME`, then regenerate the goldens.
 set -euo pipefail
@@ -22,3 +23,4 @@ fi
 export PYTHONHASHSEED=0 TOKENIZERS_PARALLELISM=false
 "$venv/bin/python" scripts/oracle/make_fixtures.py
 "$venv/bin/python" scripts/oracle/make_goldens.py "$@"
+"$venv/bin/python" scripts/oracle/make_gguf_quant_goldens.py

@@ -57,6 +57,23 @@ pub enum ArtifactError {
     },
     #[error("body file {file} hashes to {found}, not the sha256 in its name")]
     BodyHashMismatch { file: String, found: String },
+    #[error(
+        "executable {file} (entry {entry}) hashes to {found}, not the sha256 in its name; it is not loaded (run `tlaloc compile` again, or `tlaloc verify`)"
+    )]
+    ExecutableHashMismatch {
+        file: String,
+        entry: String,
+        found: String,
+    },
+    #[error(
+        "executable {file} (entry {entry}) is {found} bytes; the manifest says byteLength {expected}"
+    )]
+    ExecutableLengthMismatch {
+        file: String,
+        entry: String,
+        expected: u64,
+        found: u64,
+    },
     #[error("body file {file} is not UTF-8 text")]
     BodyNotUtf8 { file: String },
     #[error("no entry named {name:?} in the manifest")]

@@ -3,22 +3,28 @@
 //!
 //! Layout of an artifact directory (see `paths`):
 //! `tlaloc-serving.json`, `bodies/<sha256>.mlir`, `programs/<entry>.json`,
-//! `weights/NNNN_<slot>.bin`, `tokenizer/<name>`.
+//! `weights/NNNN_<slot>.bin`, `tokenizer/<name>`, and optionally `executables/<sha256>.bin`
+//! (compiled executables, see `executables`) and `tlaloc-serving.json.sig` (see [`signature`]).
 
 #![forbid(unsafe_code)]
 
 mod dtype;
 mod error;
+mod executables;
 mod ladder;
 mod loader;
 mod manifest;
 pub mod paths;
 mod program;
+pub mod signature;
 pub mod step;
 mod writer;
 
 pub use dtype::{Dtype, UnknownDtype};
 pub use error::{ArtifactError, IntegrityProblem};
+pub use executables::{
+    AddedExecutables, CompilerIdentity, ExecutableEntry, ExecutableSet, add_executables,
+};
 pub use ladder::{
     EntryKind, Ladder, LadderError, LadderOptions, LadderPoint, MIN_CONTEXT_BUCKET, PREFILL_BATCH,
 };

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::error::{ArtifactError, IntegrityProblem};
+use crate::executables::ExecutableEntry;
 use crate::manifest::{Entry, FORMAT_VERSION, MANIFEST_FILE, Manifest, WeightEntry};
 use crate::paths;
 use crate::program::ProgramSignature;
@@ -78,6 +79,21 @@ impl Artifact {
         }
         for (i, f) in manifest.tokenizer.files.iter().enumerate() {
             paths::resolve(&root, &f.path, &format!("tokenizer.files[{i}].path"))?;
+        }
+        for (s, set) in manifest.executables.iter().enumerate() {
+            for (i, e) in set.entries.iter().enumerate() {
+                let field = format!("executables[{s}].entries[{i}].file");
+                let path = paths::resolve(&root, &e.file, &field)?;
+                let found = path.metadata().map_err(io_error(&path))?.len();
+                if found != e.byte_length {
+                    return Err(ArtifactError::ExecutableLengthMismatch {
+                        file: e.file.clone(),
+                        entry: e.entry.clone(),
+                        expected: e.byte_length,
+                        found,
+                    });
+                }
+            }
         }
 
         let mut programs = Vec::with_capacity(manifest.entries.len());
@@ -171,6 +187,29 @@ impl Artifact {
         })
     }
 
+    /// The bytes of one shipped executable, refused unless they hash to the sha256 in the
+    /// file's name (so altered bytes are never handed to a plugin).
+    pub fn executable_bytes(&self, executable: &ExecutableEntry) -> Result<Vec<u8>, ArtifactError> {
+        let field = format!("executable of entry {}", executable.entry);
+        let expected = paths::executable_hash(&executable.file).map_err(|reason| {
+            ArtifactError::InvalidManifest {
+                field: field.clone(),
+                reason,
+            }
+        })?;
+        let path = paths::resolve(&self.root, &executable.file, &field)?;
+        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+        let found = paths::sha256_hex(&bytes);
+        if found != expected {
+            return Err(ArtifactError::ExecutableHashMismatch {
+                file: executable.file.clone(),
+                entry: executable.entry.clone(),
+                found,
+            });
+        }
+        Ok(bytes)
+    }
+
     /// The bytes of one weight file (the operand itself), length-checked.
     pub fn weight_bytes(&self, slot: &str) -> Result<Vec<u8>, ArtifactError> {
         let weight =
@@ -200,7 +239,7 @@ impl Artifact {
         )
     }
 
-    /// Re-hashes every body, weight and tokenizer file. All mismatches are reported together in
+    /// Re-hashes every body, weight, tokenizer and executable file. All mismatches are reported together in
     /// [`ArtifactError::IntegrityFailed`], each naming its file.
     pub fn verify(&self) -> Result<VerifyReport, ArtifactError> {
         let mut checks: Vec<(String, String)> = Vec::new();
@@ -224,6 +263,15 @@ impl Artifact {
                 .iter()
                 .map(|f| (f.path.clone(), f.sha256.clone())),
         );
+        for set in &self.manifest.executables {
+            for e in &set.entries {
+                if let Ok(hash) = paths::executable_hash(&e.file)
+                    && !checks.iter().any(|(file, _)| *file == e.file)
+                {
+                    checks.push((e.file.clone(), hash.to_owned()));
+                }
+            }
+        }
 
         let mut problems = Vec::new();
         let mut report = VerifyReport { files: 0, bytes: 0 };

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::Dtype;
 use crate::error::ArtifactError;
+use crate::executables::ExecutableSet;
 use crate::ladder::{EntryKind, Ladder, LadderPoint};
 use crate::paths;
 use crate::step::StepInput;
@@ -35,6 +36,9 @@ pub struct Manifest {
     pub weights: Vec<WeightEntry>,
     pub tokenizer: ManifestTokenizer,
     pub provenance: Provenance,
+    /// Serialized executables per compiler identity (`tlaloc compile`); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub executables: Vec<ExecutableSet>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -304,6 +308,7 @@ impl Manifest {
         self.validate_entries()?;
         self.validate_weights()?;
         self.validate_tokenizer()?;
+        crate::executables::validate(self)?;
         if !self.provenance.options.is_object() {
             return Err(invalid("provenance.options", "must be a JSON object"));
         }

@@ -13,6 +13,7 @@ pub const BODIES_DIR: &str = "bodies";
 pub const PROGRAMS_DIR: &str = "programs";
 pub const WEIGHTS_DIR: &str = "weights";
 pub const TOKENIZER_DIR: &str = "tokenizer";
+pub const EXECUTABLES_DIR: &str = "executables";
 
 /// `programs/<entry>.json`
 pub fn program_path(entry: &str) -> String {
@@ -32,6 +33,23 @@ pub fn weight_path(index: usize, slot: &str) -> String {
 /// `tokenizer/<name>`
 pub fn tokenizer_path(name: &str) -> String {
     format!("{TOKENIZER_DIR}/{name}")
+}
+
+/// `executables/<sha256>.bin`
+pub fn executable_path(sha256: &str) -> String {
+    format!("{EXECUTABLES_DIR}/{sha256}.bin")
+}
+
+/// The hash an executable path is named by, if the path has the form
+/// `executables/<64 hex>.bin`.
+pub fn executable_hash(path: &str) -> Result<&str, String> {
+    let hash = path
+        .strip_prefix(EXECUTABLES_DIR)
+        .and_then(|p| p.strip_prefix('/'))
+        .and_then(|p| p.strip_suffix(".bin"))
+        .ok_or_else(|| format!("{path:?} is not of the form executables/<sha256>.bin"))?;
+    check_sha256(hash).map_err(|reason| format!("{path:?}: {reason}"))?;
+    Ok(hash)
 }
 
 /// Lowercase hex sha256 of `bytes`.

@@ -38,6 +38,10 @@ pub enum LayerRole {
     VBias,
     /// Output projection bias.
     OBias,
+    /// Per-head RMSNorm weight of the queries (`[head_dim]`, Qwen3).
+    QNorm,
+    /// Per-head RMSNorm weight of the keys (`[head_dim]`, Qwen3).
+    KNorm,
     /// RMSNorm weight before the MLP.
     MlpNorm,
     /// MLP gate projection weight.
@@ -67,7 +71,7 @@ pub enum TensorRole {
     Layer(usize, LayerRole),
 }
 
-const LAYER_ROLES: [(LayerRole, &str, &str); 16] = [
+const LAYER_ROLES: [(LayerRole, &str, &str); 18] = [
     (
         LayerRole::AttnNorm,
         "input_layernorm.weight",
@@ -88,6 +92,16 @@ const LAYER_ROLES: [(LayerRole, &str, &str); 16] = [
         LayerRole::OBias,
         "self_attn.o_proj.bias",
         "attn_output.bias",
+    ),
+    (
+        LayerRole::QNorm,
+        "self_attn.q_norm.weight",
+        "attn_q_norm.weight",
+    ),
+    (
+        LayerRole::KNorm,
+        "self_attn.k_norm.weight",
+        "attn_k_norm.weight",
     ),
     (
         LayerRole::MlpNorm,
@@ -167,6 +181,7 @@ impl TensorRole {
                 LayerRole::K | LayerRole::V => vec![c.kv_dim(), c.hidden_size],
                 LayerRole::O => vec![c.hidden_size, c.q_dim()],
                 LayerRole::QBias => vec![c.q_dim()],
+                LayerRole::QNorm | LayerRole::KNorm => vec![c.head_dim],
                 LayerRole::KBias | LayerRole::VBias => vec![c.kv_dim()],
                 LayerRole::Gate | LayerRole::Up => vec![c.intermediate_size, c.hidden_size],
                 LayerRole::Down => vec![c.hidden_size, c.intermediate_size],
@@ -225,6 +240,7 @@ fn layer_role_wanted(r: LayerRole, c: &ModelConfig) -> bool {
         LayerRole::QBias | LayerRole::KBias | LayerRole::VBias => c.qkv_bias,
         LayerRole::OBias => c.o_bias,
         LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
+        LayerRole::QNorm | LayerRole::KNorm => c.qk_norm,
         _ => true,
     }
 }

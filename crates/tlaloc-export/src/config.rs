@@ -20,10 +20,14 @@ pub enum Architecture {
     Mistral,
     /// `Qwen2ForCausalLM` (q/k/v projections carry biases).
     Qwen2,
+    /// `Qwen3ForCausalLM` (per-head RMSNorm of q and k before RoPE; biases as
+    /// `attention_bias` says).
+    Qwen3,
 }
 
 /// The architecture names accepted in `config.json`.
-pub const ACCEPTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+pub const ACCEPTED_ARCHITECTURES: &str =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
 
 impl Architecture {
     /// Parses a Hugging Face `architectures[0]` name.
@@ -32,6 +36,7 @@ impl Architecture {
             "LlamaForCausalLM" => Ok(Self::Llama),
             "MistralForCausalLM" => Ok(Self::Mistral),
             "Qwen2ForCausalLM" => Ok(Self::Qwen2),
+            "Qwen3ForCausalLM" => Ok(Self::Qwen3),
             other => Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
                 accepted: ACCEPTED_ARCHITECTURES,
@@ -45,6 +50,7 @@ impl Architecture {
             Self::Llama => "LlamaForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
         }
     }
 }
@@ -116,6 +122,9 @@ pub struct ModelConfig {
     pub o_bias: bool,
     /// gate/up/down projections carry biases.
     pub mlp_bias: bool,
+    /// Each query and key head is RMS-normalized (one weight per head width for q, one for k)
+    /// before RoPE (Qwen3).
+    pub qk_norm: bool,
     /// Beginning-of-sequence token, if the model has one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens (any of them stops generation).
@@ -221,10 +230,11 @@ impl HfConfig {
                 "llama" => Architecture::Llama,
                 "mistral" => Architecture::Mistral,
                 "qwen2" => Architecture::Qwen2,
+                "qwen3" => Architecture::Qwen3,
                 other => {
                     return Err(IngestError::UnsupportedArchitecture {
                         found: other.to_string(),
-                        accepted: "model_type llama, mistral, qwen2",
+                        accepted: "model_type llama, mistral, qwen2, qwen3",
                     });
                 }
             },
@@ -257,7 +267,7 @@ impl HfConfig {
         let window_enabled = match architecture {
             Architecture::Llama => false,
             Architecture::Mistral => true,
-            Architecture::Qwen2 => self.use_sliding_window.unwrap_or(false),
+            Architecture::Qwen2 | Architecture::Qwen3 => self.use_sliding_window.unwrap_or(false),
         };
         if window_enabled
             && let Some(window) = self.sliding_window
@@ -306,6 +316,7 @@ impl HfConfig {
             qkv_bias,
             o_bias,
             mlp_bias: self.mlp_bias.unwrap_or(false),
+            qk_norm: architecture == Architecture::Qwen3,
             bos_token_id: self
                 .bos_token_id
                 .and_then(|ids| ids.into_vec().first().copied()),
@@ -584,6 +595,7 @@ impl fmt::Display for ModelConfig {
             "biases                  qkv {}, o {}, mlp {}",
             self.qkv_bias, self.o_bias, self.mlp_bias
         )?;
+        writeln!(f, "qk_norm                 {}", self.qk_norm)?;
         writeln!(f, "bos_token_id            {:?}", self.bos_token_id)?;
         writeln!(f, "eos_token_ids           {:?}", self.eos_token_ids)?;
         writeln!(

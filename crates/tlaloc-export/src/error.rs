@@ -73,6 +73,17 @@ pub enum IngestError {
         /// What is wrong, with the byte offset where it was found.
         reason: String,
     },
+    /// A GGUF tensor is stored in a ggml element type Tlaloc does not read (the file itself may
+    /// be perfectly valid).
+    #[error("GGUF file {path}: tensor `{tensor}`: {reason}")]
+    UnsupportedGgmlType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor's name in the file.
+        tensor: String,
+        /// The refusal, naming the type and listing the supported ones.
+        reason: crate::gguf::DequantError,
+    },
     /// A tensor is stored in an element type Tlaloc does not read.
     #[error("tensor `{tensor}` has dtype {dtype}; supported: {accepted}")]
     UnsupportedDtype {

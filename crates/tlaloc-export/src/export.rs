@@ -179,6 +179,7 @@ pub fn export(
         weights,
         tokenizer,
         provenance: provenance(&checkpoint, options),
+        executables: Vec::new(),
     };
 
     let mut bodies = std::collections::BTreeMap::new();

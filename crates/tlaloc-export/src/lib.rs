@@ -3,7 +3,8 @@
 //!
 //! Ingestion: [`Checkpoint::open`] reads a Hugging Face directory or a `.gguf` file into a checked
 //! [`ModelConfig`], [`TokenizerFiles`] and tensors addressed by [`TensorRole`]; [`describe`]
-//! renders what `tlaloc inspect` prints.
+//! renders what `tlaloc inspect` prints about an accepted one, and [`Survey`] what it says first
+//! about any: architecture, tensors per element type, and whether export accepts it.
 
 #![forbid(unsafe_code)]
 
@@ -15,6 +16,7 @@ pub mod gguf;
 pub mod graph;
 mod mapped;
 pub mod safetensors;
+pub mod survey;
 pub mod tokenizer;
 
 pub use checkpoint::{
@@ -24,4 +26,5 @@ pub use checkpoint::{
 pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
 pub use error::{IngestError, Result};
 pub use export::{ExportError, ExportOptions, ExportProgress, ExportSummary, export};
+pub use survey::{Survey, TypeCount};
 pub use tokenizer::TokenizerFiles;

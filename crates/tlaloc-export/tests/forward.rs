@@ -96,6 +96,11 @@ fn tiny_qwen2_bias_matches_transformers() {
 }
 
 #[test]
+fn tiny_qwen3_qk_norm_matches_transformers() {
+    check_tiny("tiny-qwen3-qknorm");
+}
+
+#[test]
 fn tiny_llama3_rope_matches_transformers() {
     check_tiny("tiny-llama3-rope");
 }

@@ -258,6 +258,54 @@ fn qwen2_fixture_has_qkv_bias_and_tied_fixture_resolves_lm_head_to_embedding() {
     );
 }
 
+#[test]
+fn qwen3_fixture_has_per_head_q_and_k_norms_and_a_wider_q_than_the_model() {
+    let qwen3 = Checkpoint::open(support::fixture("tiny-qwen3-qknorm")).unwrap();
+    let c = &qwen3.config;
+    assert!(c.qk_norm && !c.qkv_bias && !c.o_bias, "{c}");
+    assert_eq!((c.head_dim, c.q_dim(), c.hidden_size), (32, 128, 64));
+    for role in [
+        tlaloc_export::LayerRole::QNorm,
+        tlaloc_export::LayerRole::KNorm,
+    ] {
+        let meta = qwen3.meta(TensorRole::Layer(1, role)).unwrap();
+        assert_eq!(meta.dims, vec![32], "{}", meta.name);
+    }
+    // The norms are required: without them the checkpoint is refused by name.
+    let tmp = copy_fixture("tiny-qwen3-qknorm");
+    edit_config(tmp.path(), |c| {
+        c.insert("use_sliding_window".into(), Value::Bool(true));
+        c.insert("sliding_window".into(), Value::from(16));
+    });
+    let err = open_err(tmp.path());
+    assert!(err.to_string().contains("sliding_window"), "{err}");
+    // A llama checkpoint relabelled qwen3 lacks them.
+    let tmp = copy_fixture("tiny-llama-gqa");
+    edit_config(tmp.path(), |c| {
+        c.insert(
+            "architectures".into(),
+            serde_json::json!(["Qwen3ForCausalLM"]),
+        );
+    });
+    match open_err(tmp.path()) {
+        IngestError::MissingTensors { names, .. } => {
+            assert_eq!(names[0], "model.layers.0.self_attn.q_norm.weight")
+        }
+        other => panic!("expected MissingTensors, got {other}"),
+    }
+    // GGUF general.architecture qwen3 asks for llama.cpp's attn_q_norm / attn_k_norm.
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("qwen3", 0));
+    match open_err(&path) {
+        IngestError::MissingTensors { names, .. } => {
+            assert_eq!(
+                names[..2],
+                ["blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"]
+            )
+        }
+        other => panic!("expected MissingTensors, got {other}"),
+    }
+}
+
 // ---- malformed inputs -------------------------------------------------------------------
 
 fn copy_fixture(name: &str) -> tempfile::TempDir {
@@ -528,6 +576,25 @@ fn tiny_llama_gguf(arch: &str, ffn_down_type: u32) -> Vec<u8> {
 
 /// [`tiny_llama_gguf`] whose metadata claims `block_count` layers (it stores one).
 fn tiny_llama_gguf_claiming(arch: &str, ffn_down_type: u32, block_count: u32) -> Vec<u8> {
+    let down_bytes = match ffn_down_type {
+        0 => (0..64 * 32)
+            .flat_map(|i| (i as f32 * 0.25).to_le_bytes())
+            .collect(),
+        // Q8_0: 34 bytes per 32 elements (only the size matters for these tests).
+        8 => vec![0u8; 64 * 34],
+        _ => vec![0u8; 64 * 32],
+    };
+    tiny_llama_gguf_with_down(arch, block_count, ffn_down_type, &[64, 32], down_bytes)
+}
+
+/// [`tiny_llama_gguf`] with `blk.0.ffn_down.weight` stored as `(type id, ne, bytes)`.
+fn tiny_llama_gguf_with_down(
+    arch: &str,
+    block_count: u32,
+    down_type: u32,
+    down_ne: &[u64],
+    down_bytes: Vec<u8>,
+) -> Vec<u8> {
     let mut w = GgufWriter::new(arch);
     for (k, v) in [
         ("embedding_length", 32),
@@ -562,18 +629,7 @@ fn tiny_llama_gguf_claiming(arch: &str, ffn_down_type: u32, block_count: u32) ->
         let n = ne.iter().product::<u64>() as usize;
         w.tensor(&format!("blk.0.{name}.weight"), &ne, 0, f32s(n));
     }
-    let down_bytes = match ffn_down_type {
-        0 => f32s(64 * 32),
-        // Q8_0: 34 bytes per 32 elements (only the size matters for these tests).
-        8 => vec![0u8; 64 * 34],
-        _ => vec![0u8; 64 * 32],
-    };
-    w.tensor(
-        "blk.0.ffn_down.weight",
-        &[64, 32],
-        ffn_down_type,
-        down_bytes,
-    );
+    w.tensor("blk.0.ffn_down.weight", down_ne, down_type, down_bytes);
     w.finish()
 }
 
@@ -652,20 +708,98 @@ fn gguf_malformed_inputs_are_typed_errors() {
 
 #[test]
 fn gguf_unknown_quant_type_and_architecture_are_refused_by_name() {
-    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 13));
-    let err = open_err(&path);
-    assert!(
-        err.to_string().contains("Q5_K") && err.to_string().contains("blk.0.ffn_down.weight"),
-        "{err}"
-    );
-    let (_tmp, path) = write_gguf(&tiny_llama_gguf("llama", 200));
-    assert!(open_err(&path).to_string().contains("id 200"));
+    // Valid GGUF in a type that is not read (IQ2_XXS, TQ1_0: 256-element blocks), a type ggml
+    // removed (Q4_2) and an id that is no ggml type: "not supported", naming tensor and type.
+    for (id, name, blocks) in [
+        (16, "IQ2_XXS", 8 * 66),
+        (34, "TQ1_0", 8 * 54),
+        (39, "MXFP4", 64 * 17),
+        (4, "Q4_2", 0),
+        (200, "unknown", 0),
+    ] {
+        let ne: &[u64] = if name == "MXFP4" {
+            &[64, 32]
+        } else {
+            &[256, 8]
+        };
+        let bytes = tiny_llama_gguf_with_down("llama", 1, id, ne, vec![0u8; blocks]);
+        let (_tmp, path) = write_gguf(&bytes);
+        let err = open_err(&path);
+        assert!(
+            matches!(&err, IngestError::UnsupportedGgmlType { tensor, .. } if tensor == "blk.0.ffn_down.weight"),
+            "{name}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{name} (ggml type {id}) is not supported"))
+                && text.contains("supported: F32")
+                && !text.contains("malformed"),
+            "{text}"
+        );
+    }
     let (_tmp, path) = write_gguf(&tiny_llama_gguf("falcon", 0));
     let err = open_err(&path);
     assert!(
         matches!(&err, IngestError::UnsupportedArchitecture { found, .. } if found == "falcon"),
         "{err}"
     );
+}
+
+#[test]
+fn gguf_hostile_quantized_tensors_are_typed_errors_naming_tensor_and_type() {
+    let down = "\"blk.0.ffn_down.weight\"";
+    let cases: Vec<(&str, Vec<u8>, Vec<&str>)> = vec![
+        (
+            "Q4_K row of 64 elements (the block is 256)",
+            tiny_llama_gguf_with_down("llama", 1, 12, &[64, 32], vec![0u8; 64 * 32]),
+            vec![down, "row length 64", "Q4_K block size 256"],
+        ),
+        (
+            "Q5_0 row of 48 elements (the block is 32)",
+            tiny_llama_gguf_with_down("llama", 1, 6, &[48, 32], vec![0u8; 48 * 32]),
+            vec![down, "row length 48", "Q5_0 block size 32"],
+        ),
+        (
+            "Q6_K blocks cut short by the end of the file",
+            {
+                let bytes =
+                    tiny_llama_gguf_with_down("llama", 1, 14, &[256, 8], vec![7u8; 8 * 210]);
+                bytes[..bytes.len() - 300].to_vec()
+            },
+            vec![down, "1680 bytes of Q6_K", "past the end"],
+        ),
+        (
+            "dimensions whose product overflows",
+            tiny_llama_gguf_with_down("llama", 1, 13, &[1 << 40, 1 << 40], Vec::new()),
+            vec![down, "(Q5_K) dimensions", "overflow"],
+        ),
+        (
+            "element count that fits but byte size that overflows",
+            tiny_llama_gguf_with_down("llama", 1, 0, &[1 << 62], Vec::new()),
+            vec![down, "F32", "byte size overflows"],
+        ),
+    ];
+    for (what, bytes, needles) in cases {
+        let (_tmp, path) = write_gguf(&bytes);
+        let err = open_err(&path);
+        assert!(matches!(err, IngestError::Gguf { .. }), "{what}: {err:?}");
+        let text = err.to_string();
+        for needle in needles {
+            assert!(text.contains(needle), "{what}: {needle:?} not in: {text}");
+        }
+    }
+    // A well-formed Q5_0 tensor of the right shape opens (it was refused before Q5_0 was read)
+    // and reads back as the blocks say: scale 0.5 (f16 0x3800), high bits of all ones,
+    // nibbles 0x21 -> elements 1 | 16 and 2 | 16, minus 16: 0.5 and 1.0.
+    let mut block = vec![0x00, 0x38, 0xFF, 0xFF, 0xFF, 0xFF];
+    block.extend([0x21u8; 16]);
+    let bytes = tiny_llama_gguf_with_down("llama", 1, 6, &[64, 32], block.repeat(64));
+    let (_tmp, path) = write_gguf(&bytes);
+    let checkpoint = Checkpoint::open(&path).unwrap();
+    let role = TensorRole::Layer(0, tlaloc_export::LayerRole::Down);
+    assert_eq!(checkpoint.meta(role).unwrap().dtype, "Q5_0");
+    let values = checkpoint.tensor(role).unwrap().to_f32();
+    assert_eq!((values[0], values[16], values.len()), (0.5, 1.0, 64 * 32));
 }
 
 #[test]
@@ -731,5 +865,158 @@ fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_p
             assert_eq!(names.len() + more, 9 * (u32::MAX as usize - 1));
         }
         other => panic!("expected MissingTensors, got {other}"),
+    }
+}
+
+/// The Qwen3 fixture rewritten as an f32 GGUF the way llama.cpp names and lays it out
+/// (`general.architecture` qwen3, `qwen3.*` keys, `attn_q_norm` / `attn_k_norm`, no Q/K row
+/// permutation): it opens to the same config and the same tensors, bit for bit.
+#[test]
+fn qwen3_as_gguf_reads_back_as_the_safetensors_fixture() {
+    let st = Checkpoint::open(support::fixture("tiny-qwen3-qknorm")).unwrap();
+    let c = &st.config;
+    let mut w = GgufWriter::new("qwen3");
+    for (k, v) in [
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("block_count", c.num_hidden_layers),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("attention.key_length", c.head_dim),
+        ("context_length", c.max_position_embeddings),
+    ] {
+        w.u32(&format!("qwen3.{k}"), v as u32);
+    }
+    w.f32(
+        "qwen3.attention.layer_norm_rms_epsilon",
+        c.rms_norm_eps as f32,
+    );
+    w.f32("qwen3.rope.freq_base", c.rope_theta as f32);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    for role in st.roles() {
+        let t = st.tensor(role).unwrap();
+        let ne: Vec<u64> = t.dims.iter().rev().map(|&d| d as u64).collect();
+        let bytes = t.to_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.tensor(&role.gguf_name(), &ne, 0, bytes);
+    }
+    let (_tmp, path) = write_gguf(&w.finish());
+    let gguf = Checkpoint::open(&path).unwrap();
+    let g = &gguf.config;
+    assert!(g.qk_norm && !g.qkv_bias && !g.tie_word_embeddings, "{g}");
+    assert_eq!(
+        (g.head_dim, g.q_dim(), g.num_key_value_heads, g.vocab_size),
+        (c.head_dim, c.q_dim(), c.num_key_value_heads, c.vocab_size)
+    );
+    assert_eq!(gguf.roles(), st.roles());
+    for role in st.roles() {
+        assert_eq!(
+            gguf.tensor(role).unwrap(),
+            st.tensor(role).unwrap(),
+            "{role}: GGUF and safetensors differ"
+        );
+    }
+}
+
+// ---- Survey (what `tlaloc inspect` says first) ---------------------------------------------
+
+#[test]
+fn survey_reports_architecture_and_types_and_the_verdict_export_would_give() {
+    use tlaloc_export::Survey;
+    // Accepted: the real SmolLM2 GGUF and a safetensors fixture.
+    let survey = Survey::of(smollm2_gguf());
+    assert!(survey.accepted(), "{survey}");
+    assert_eq!(survey.architecture.as_deref(), Some("llama"));
+    assert_eq!(survey.format.as_deref(), Some("GGUF v3"));
+    let counts: Vec<(&str, usize)> = survey
+        .tensor_types
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.tensors))
+        .collect();
+    assert_eq!(counts, [("F32", 61), ("Q4_1", 210), ("Q8_0", 1)]);
+    let text = survey.to_string();
+    assert!(text.ends_with("export: accepted"), "{text}");
+    assert!(
+        text.contains("tensors by type (272): F32 61, Q4_1 210, Q8_0 1\n"),
+        "{text}"
+    );
+
+    let survey = Survey::of(support::fixture("tiny-llama-tied"));
+    assert!(survey.accepted(), "{survey}");
+    let text = survey.to_string();
+    assert!(
+        text.contains("architecture: LlamaForCausalLM (model_type llama)")
+            && text.contains("format: safetensors (1 file)")
+            && text.contains("BF16 "),
+        "{text}"
+    );
+
+    // Refused for a type that is not read: the same refusal Checkpoint::open (and so export)
+    // gives, with the type counted and marked.
+    let bytes = tiny_llama_gguf_with_down("llama", 1, 16, &[256, 8], vec![0u8; 8 * 66]);
+    let (_tmp, path) = write_gguf(&bytes);
+    let survey = Survey::of(&path);
+    let refusal = open_err(&path).to_string();
+    assert_eq!(
+        survey.verdict.as_ref().unwrap_err().to_string(),
+        refusal,
+        "survey and open disagree"
+    );
+    let text = survey.to_string();
+    assert!(
+        text.contains("IQ2_XXS 1 (not supported)")
+            && text.contains(&format!("export: refused: {refusal}"))
+            && text.contains("architecture: llama"),
+        "{text}"
+    );
+
+    // Refused for its architecture: still says what it is.
+    let (_tmp, path) = write_gguf(&tiny_llama_gguf("falcon", 0));
+    let survey = Survey::of(&path);
+    assert!(matches!(
+        survey.verdict,
+        Err(IngestError::UnsupportedArchitecture { .. })
+    ));
+    assert!(
+        survey.to_string().contains("architecture: falcon\n"),
+        "{survey}"
+    );
+
+    // Not readable at all: nothing found, and the malformed-file refusal.
+    let (_tmp, path) = write_gguf(b"GGUF");
+    let text = Survey::of(&path).to_string();
+    assert!(
+        text.contains("architecture: not found")
+            && text.contains("export: refused: malformed GGUF file"),
+        "{text}"
+    );
+}
+
+/// The Gemma 3 270M Q4_K_M file from PyPI (fetched by `scripts/setup.sh`): every one of its
+/// tensor types is read now (Q5_0 was refused before), so what is refused is the architecture.
+#[test]
+fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_the_architecture_by_name() {
+    let path = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
+    if !path.is_file() {
+        eprintln!(
+            "skipping: {} is absent (`bash scripts/setup.sh` fetches it)",
+            path.display()
+        );
+        return;
+    }
+    let survey = tlaloc_export::Survey::of(&path);
+    assert_eq!(survey.architecture.as_deref(), Some("gemma3"));
+    let text = survey.to_string();
+    assert!(
+        text.contains("tensors by type (236): F32 109, Q4_K 27, Q5_0 81, Q6_K 9, Q8_0 10\n"),
+        "{text}"
+    );
+    assert!(!text.contains("not supported)"), "{text}");
+    match &survey.verdict {
+        Err(IngestError::UnsupportedArchitecture { found, .. }) => assert_eq!(found, "gemma3"),
+        other => panic!("expected the architecture refused, got {other:?}"),
     }
 }

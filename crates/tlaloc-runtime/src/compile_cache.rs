@@ -10,14 +10,21 @@
 //! from another entry or plugin) or whose payload does not hash to its header is a miss, and is
 //! rewritten; so is a file that fails to load.
 //!
+//! The same identity, with the plugin file named by its sha256 instead of its path (paths differ
+//! between machines) and the compile options added, is what executables shipped in an artifact
+//! are recorded under ([`CacheIdentity::compiler_identity`]).
+//!
 //! What the cache trusts: whoever can write its directory. The header binds a file to its
 //! key, so files cannot be swapped between entries, bodies or plugin builds by renaming, but a
 //! writer who forges a header chooses the code that runs, as a writer of the plugin file
 //! would. Keep the cache directory as private as the plugin.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
+use tlaloc_artifact::CompilerIdentity;
 
 /// What identifies the plugin build and device an executable was compiled for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +55,97 @@ impl CacheIdentity {
         let size = std::fs::metadata(&canonical).map(|m| m.len()).unwrap_or(0);
         format!("{}:{size}", canonical.display())
     }
+
+    /// The identity an artifact records executables under: this one with the plugin file at
+    /// `plugin` named by its name, length and sha256, and the compile options' bytes. With a
+    /// compile cache, the plugin's hash is remembered there (see [`PLUGIN_HASHES_DIR`]).
+    pub fn compiler_identity(
+        &self,
+        plugin: &Path,
+        compile_options: &[u8],
+        cache: Option<&CompileCache>,
+    ) -> std::io::Result<CompilerIdentity> {
+        let (plugin_byte_length, plugin_sha256) = plugin_file_hash(plugin, cache)?;
+        let (major, minor) = self.api_version;
+        Ok(CompilerIdentity {
+            platform_name: self.platform_name.clone(),
+            device_kind: self.device_kind.clone(),
+            pjrt_api_version: format!("{major}.{minor}"),
+            platform_version: self.platform_version.clone(),
+            plugin_file_name: plugin
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            plugin_byte_length,
+            plugin_sha256,
+            xla_flags: self.compiler_flags.clone(),
+            compile_options: hex::encode(compile_options),
+        })
+    }
+}
+
+/// Subdirectory of the compile cache remembering plugin hashes: one file per (canonical path,
+/// length, modification time, inode) of a plugin, holding its sha256. Hashing a plugin of
+/// hundreds of megabytes costs a large part of a start that deserializes every entry; a
+/// reinstalled plugin is a new file (new inode or time) and is hashed again. Trusted as the
+/// cache is: whoever can write it can already choose the code that runs.
+pub const PLUGIN_HASHES_DIR: &str = "plugin-sha256";
+
+/// `(length, sha256)` of a plugin file: remembered in this process and, with a cache, on disk.
+fn plugin_file_hash(path: &Path, cache: Option<&CompileCache>) -> std::io::Result<(u64, String)> {
+    static HASHED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let canonical = path.canonicalize()?;
+    let meta = std::fs::metadata(&canonical)?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    #[cfg(not(unix))]
+    let inode = 0u64;
+    let file_key = hex::encode(Sha256::digest(format!(
+        "{}\0{}\0{mtime}\0{inode}",
+        canonical.display(),
+        meta.len()
+    )));
+    let remembered = HASHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(k, _)| *k == file_key)
+        .map(|(_, hash)| hash.clone());
+    let on_disk = cache.map(|c| c.dir().join(PLUGIN_HASHES_DIR).join(&file_key));
+    let read_back = || {
+        let text = std::fs::read_to_string(on_disk.as_ref()?).ok()?;
+        let hash = text.trim();
+        tlaloc_artifact::paths::check_sha256(hash).ok()?;
+        Some(hash.to_owned())
+    };
+    if let Some(hash) = remembered.or_else(read_back) {
+        return Ok((meta.len(), hash));
+    }
+    let mut hasher = Sha256::new();
+    let len = std::io::copy(&mut std::fs::File::open(&canonical)?, &mut hasher)?;
+    let hash = hex::encode(hasher.finalize());
+    HASHED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((file_key, hash.clone()));
+    if let Some(file) = on_disk {
+        let write = || -> std::io::Result<()> {
+            let dir = file.parent().expect("inside the cache");
+            std::fs::create_dir_all(dir)?;
+            let tmp = file.with_extension(format!("tmp.{}", std::process::id()));
+            std::fs::write(&tmp, format!("{hash}\n"))?;
+            std::fs::rename(&tmp, &file)
+        };
+        if let Err(e) = write() {
+            tracing::warn!(file = %file.display(), error = %e, "could not remember the plugin's hash");
+        }
+    }
+    Ok((len, hash))
 }
 
 /// A cache directory.
@@ -236,6 +334,25 @@ mod tests {
         }
         assert_eq!(base, CompileCache::key(&identity(), "abc", b"opts"));
         assert_eq!(base.len(), 64);
+    }
+
+    #[test]
+    fn a_plugin_hash_is_remembered_in_the_cache_and_redone_for_a_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = dir.path().join("plugin.so");
+        let cache = CompileCache::new(dir.path().join("cache"));
+        std::fs::write(&plugin, b"build one").unwrap();
+        let first = plugin_file_hash(&plugin, Some(&cache)).unwrap();
+        assert_eq!(first, (9, hex::encode(Sha256::digest(b"build one"))));
+        let remembered: Vec<_> = std::fs::read_dir(cache.dir().join(PLUGIN_HASHES_DIR))
+            .unwrap()
+            .collect();
+        assert_eq!(remembered.len(), 1);
+        // A reinstalled plugin is another file: hashed again, not taken from the memo.
+        std::fs::remove_file(&plugin).unwrap();
+        std::fs::write(&plugin, b"build two!").unwrap();
+        let second = plugin_file_hash(&plugin, Some(&cache)).unwrap();
+        assert_eq!(second, (10, hex::encode(Sha256::digest(b"build two!"))));
     }
 
     #[test]

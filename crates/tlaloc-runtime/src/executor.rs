@@ -175,6 +175,11 @@ pub struct LoadTimings {
     pub compiled: usize,
     /// Entries taken from the compile cache.
     pub cache_hits: usize,
+    /// Entries deserialized from executables shipped in the artifact.
+    pub from_artifact: usize,
+    /// The one line saying which entries came from the artifact's executables and why the
+    /// others were compiled; `None` when the artifact ships none.
+    pub executables: Option<String>,
     /// Entries left to compile on first use (lazy compilation).
     pub deferred: usize,
 }

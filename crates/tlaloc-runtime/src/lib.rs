@@ -34,7 +34,10 @@ pub use executor::{
     DECODE_CHAIN_WINDOW, EntryKind, ExecutorError, Ladder, LadderPoint, LoadTimings, ModelExecutor,
     ModelShape, StepInputs, StepOutput, StepTimings,
 };
-pub use model::{CompileMode, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model, Platform};
+pub use model::{
+    CompileMode, CompiledArtifact, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model,
+    Platform, compile_into_artifact,
+};
 pub use prefix_cache::PrefixCacheStats;
 pub use request::{
     FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceControl,

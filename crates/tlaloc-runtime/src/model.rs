@@ -8,6 +8,11 @@
 //! they stay on the device for the life of the model. Only `nextTokens` is read back, plus the
 //! logits when some row samples or asks for log-probabilities.
 //!
+//! Executables shipped in the artifact (`tlaloc compile`, [`compile_into_artifact`]) are used
+//! when the set's [`CompilerIdentity`] equals this plugin's and device's; each file is hashed
+//! before the plugin sees it, and a mismatch fails the load. Entries without a usable one are
+//! compiled (through the compile cache), and one line says how many came from where and why.
+//!
 //! Arguments are laid out from each program's signature by role, not by position, so the
 //! order the exporter chose is the only order used.
 //!
@@ -26,7 +31,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
-use tlaloc_artifact::{Artifact, ArtifactError, Dtype, Entry, OperandRole, StepInput};
+use tlaloc_artifact::{
+    AddedExecutables, Artifact, ArtifactError, CompilerIdentity, Dtype, Entry, ExecutableEntry,
+    OperandRole, StepInput,
+};
 use tlaloc_pjrt::discovery::{self, PluginRequest};
 use tlaloc_pjrt::{
     Buffer, Client, ClientOptions, CompileOptions, Device, ElementType, ExecuteArg, GpuOptions,
@@ -60,6 +68,9 @@ pub struct LoadOptions {
     pub compile: CompileMode,
     /// Where serialized executables are kept between runs; `None` disables the cache.
     pub compile_cache: Option<PathBuf>,
+    /// Use the executables shipped in the artifact whose identity matches this plugin and
+    /// device (false compiles every entry, as for an artifact that ships none).
+    pub artifact_executables: bool,
     /// For GPU plugins: the fraction of device memory the allocator may use (plugin default
     /// when `None`); memory is never preallocated.
     pub gpu_memory_fraction: Option<f32>,
@@ -81,6 +92,7 @@ impl Default for LoadOptions {
             verify: false,
             compile: CompileMode::Eager,
             compile_cache: Some(CompileCache::default_dir()),
+            artifact_executables: true,
             gpu_memory_fraction: None,
             max_decode_chain: DEFAULT_MAX_DECODE_CHAIN,
             decode_chain_window: crate::executor::DECODE_CHAIN_WINDOW,
@@ -107,6 +119,13 @@ pub enum LoadError {
     /// Something in the artifact this runtime cannot run.
     #[error("{0}")]
     Unsupported(String),
+    /// A file outside the artifact could not be read.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn pjrt(what: impl Into<String>) -> impl FnOnce(tlaloc_pjrt::Error) -> LoadError {
@@ -164,6 +183,8 @@ pub struct Model {
     shape: ModelShape,
     load_timings: LoadTimings,
     cache: Option<CompileCache>,
+    /// Shipped executables usable here, by entry name.
+    shipped: HashMap<String, ExecutableEntry>,
     platform: Platform,
     compile_options: CompileOptions,
     max_decode_chain: usize,
@@ -307,13 +328,15 @@ impl Model {
         let pool_dims = dims_i64(&kv.pool_dims());
 
         // Compilation, weight upload and pool allocation share nothing but the client, so they
-        // overlap; each reports its own wall time.
+        // overlap; each reports its own wall time. Choosing the shipped executables hashes the
+        // plugin file, so it runs on the compile thread too.
         let compiler = Compiler {
             client: &opened.client,
             artifact: &artifact,
             cache: cache.as_ref(),
             identity: &opened.platform.identity,
             options: &compile_options,
+            shipped: None,
         };
         let order: Vec<LadderPoint> = artifact
             .manifest()
@@ -324,9 +347,23 @@ impl Model {
         let (client, device) = (&opened.client, &opened.device);
         let (compiled, uploaded, allocated) = std::thread::scope(|scope| {
             let compile = scope.spawn(|| {
-                timed(|| match options.compile {
-                    CompileMode::Eager => compiler.compile_all(&order, &entries).map(Some),
-                    CompileMode::Lazy => Ok(None),
+                timed(|| {
+                    let selection = select_executables(
+                        &artifact,
+                        &opened.platform,
+                        &compile_options,
+                        cache.as_ref(),
+                        options.artifact_executables,
+                    );
+                    let compiler = Compiler {
+                        shipped: Some(&selection.usable),
+                        ..compiler
+                    };
+                    let compiled = match options.compile {
+                        CompileMode::Eager => Some(compiler.compile_all(&order, &entries)?),
+                        CompileMode::Lazy => None,
+                    };
+                    Ok::<_, LoadError>((compiled, selection))
                 })
             });
             let allocate = scope.spawn(|| {
@@ -342,7 +379,7 @@ impl Model {
         let (weights, upload_time) = uploaded;
         let (pools, pool_time) = allocated;
         // Failures are reported in the order the phases used to run one after another.
-        let compiled = compiled?;
+        let (compiled, selection) = compiled?;
         let weights = weights?;
         let pools: Vec<Option<Buffer>> = pools?.into_iter().map(Some).collect();
         timings.compile = compile_time;
@@ -352,11 +389,16 @@ impl Model {
             Some(compiled) => {
                 timings.cache_hits = compiled.cache_hits;
                 timings.compiled = compiled.compiled;
+                timings.from_artifact = compiled.from_artifact;
+                timings.executables = selection.report(&compiled);
                 for (key, executable) in compiled.executables {
                     entries.get_mut(&key).expect("key from the map").executable = Some(executable);
                 }
             }
-            None => timings.deferred = entries.len(),
+            None => {
+                timings.deferred = entries.len();
+                timings.executables = selection.report_deferred(entries.len());
+            }
         }
 
         let OpenedClient {
@@ -370,6 +412,7 @@ impl Model {
             pools,
             weights,
             cache,
+            shipped: selection.usable,
             platform,
             compile_options,
             artifact,
@@ -413,6 +456,7 @@ impl Model {
             cache: self.cache.as_ref(),
             identity: &self.platform.identity,
             options: &self.compile_options,
+            shipped: Some(&self.shipped),
         }
     }
 
@@ -449,6 +493,114 @@ impl Model {
             message: format!("{what}: {e}"),
         }
     }
+}
+
+/// What [`compile_into_artifact`] did.
+#[derive(Debug)]
+pub struct CompiledArtifact {
+    /// What compiled the executables (the identity they are listed under).
+    pub identity: CompilerIdentity,
+    /// Entries given an executable.
+    pub entries: usize,
+    /// Distinct executable files written, and their bytes.
+    pub files: usize,
+    pub bytes: u64,
+    /// Executables compiled now, and taken from the compile cache.
+    pub compiled: usize,
+    pub cache_hits: usize,
+    /// Whether executables of the same identity were replaced.
+    pub replaced: bool,
+    /// Whether a signature of the old manifest was removed (sign the artifact again).
+    pub removed_signature: bool,
+    /// Wall time of compiling and serializing.
+    pub compile_time: Duration,
+}
+
+/// Compiles every entry of the artifact in `dir` with the plugin `options` ask for (through the
+/// compile cache when it is on), serializes the executables and adds them to the artifact under
+/// the plugin's and device's [`CompilerIdentity`], replacing an earlier set of that identity.
+/// Needs no CPU: any plugin that can compile and serialize, GPU ones included.
+pub fn compile_into_artifact(
+    dir: impl AsRef<Path>,
+    options: &LoadOptions,
+) -> Result<CompiledArtifact, LoadError> {
+    let artifact = Artifact::open(dir.as_ref())?;
+    if options.verify {
+        artifact.verify()?;
+    }
+    let opened = open_client(options)?;
+    let cache = options.compile_cache.as_ref().map(CompileCache::new);
+    let compile_options = CompileOptions::default();
+    let compiler = Compiler {
+        client: &opened.client,
+        artifact: &artifact,
+        cache: cache.as_ref(),
+        identity: &opened.platform.identity,
+        options: &compile_options,
+        shipped: None,
+    };
+    let started = Instant::now();
+    let mut bodies: Vec<&Entry> = Vec::new();
+    for entry in &artifact.manifest().entries {
+        if !bodies.iter().any(|b| b.body == entry.body) {
+            bodies.push(entry);
+        }
+    }
+    let built = parallel_map(&bodies, cores(), |entry| {
+        let (executable, cached) = compiler.compile_through_cache(entry)?;
+        let bytes = executable.serialize().map_err(pjrt(format!(
+            "serializing the executable of entry {}",
+            entry.name
+        )))?;
+        Ok::<_, LoadError>((entry.body.as_str(), bytes, cached))
+    })?;
+    let compile_time = started.elapsed();
+    let cache_hits = built.iter().filter(|(_, _, cached)| *cached).count();
+    let executables: Vec<(String, Vec<u8>)> = artifact
+        .manifest()
+        .entries
+        .iter()
+        .map(|entry| {
+            let (_, bytes, _) = built
+                .iter()
+                .find(|(body, _, _)| *body == entry.body)
+                .expect("every body was compiled");
+            (entry.name.clone(), bytes.clone())
+        })
+        .collect();
+    let identity = opened
+        .platform
+        .identity
+        .compiler_identity(
+            &opened.platform.plugin_path,
+            &compile_options.to_proto_bytes(),
+            cache.as_ref(),
+        )
+        .map_err(|source| LoadError::Io {
+            what: format!(
+                "hashing the plugin {}",
+                opened.platform.plugin_path.display()
+            ),
+            source,
+        })?;
+    let AddedExecutables {
+        artifact: _,
+        files,
+        bytes,
+        replaced,
+        removed_signature,
+    } = tlaloc_artifact::add_executables(&artifact, identity.clone(), &executables)?;
+    Ok(CompiledArtifact {
+        identity,
+        entries: executables.len(),
+        files,
+        bytes,
+        compiled: built.len() - cache_hits,
+        cache_hits,
+        replaced,
+        removed_signature,
+        compile_time,
+    })
 }
 
 /// Runs `f` and measures it.
@@ -526,6 +678,8 @@ struct Compiler<'a> {
     cache: Option<&'a CompileCache>,
     identity: &'a CacheIdentity,
     options: &'a CompileOptions,
+    /// Shipped executables usable here, by entry name.
+    shipped: Option<&'a HashMap<String, ExecutableEntry>>,
 }
 
 /// Executables for every entry, and where they came from.
@@ -534,11 +688,192 @@ struct Compiled {
     executables: Vec<(LadderPoint, LoadedExecutable)>,
     cache_hits: usize,
     compiled: usize,
+    from_artifact: usize,
+    /// Why the plugin refused a shipped executable whose identity matched (the first refusal).
+    refused: Option<String>,
+}
+
+/// Where an entry's executable came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Origin {
+    /// Deserialized from the artifact's executables.
+    Artifact,
+    /// Deserialized from the compile cache.
+    Cache,
+    /// Compiled from the body text.
+    Compiled,
+    /// Compiled because the plugin refused the shipped executable (why).
+    CompiledAfterRefusal(String),
+}
+
+/// The shipped executables this plugin and device may use, and why the others may not.
+#[derive(Debug, Default)]
+struct Selection {
+    /// By entry name.
+    usable: HashMap<String, ExecutableEntry>,
+    /// Why no set is usable, when the artifact ships some and none is.
+    unusable: Option<String>,
+    /// Whether the artifact ships any.
+    shipped_any: bool,
+}
+
+/// Picks the set of shipped executables whose identity equals this plugin's and device's.
+fn select_executables(
+    artifact: &Artifact,
+    platform: &Platform,
+    options: &CompileOptions,
+    cache: Option<&CompileCache>,
+    enabled: bool,
+) -> Selection {
+    let sets = &artifact.manifest().executables;
+    let mut selection = Selection {
+        shipped_any: !sets.is_empty(),
+        ..Selection::default()
+    };
+    if sets.is_empty() {
+        return selection;
+    }
+    if !enabled {
+        selection.unusable = Some("the artifact's executables were not asked for".into());
+        return selection;
+    }
+    let started = Instant::now();
+    let mine = platform.identity.compiler_identity(
+        &platform.plugin_path,
+        &options.to_proto_bytes(),
+        cache,
+    );
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        "identity of this plugin and device (plugin file hashed)"
+    );
+    let mine = match mine {
+        Ok(mine) => mine,
+        Err(e) => {
+            selection.unusable = Some(format!(
+                "cannot hash the plugin file {}: {e}",
+                platform.plugin_path.display()
+            ));
+            return selection;
+        }
+    };
+    match sets.iter().find(|set| set.identity == mine) {
+        Some(set) => {
+            selection.usable = set
+                .entries
+                .iter()
+                .map(|e| (e.entry.clone(), e.clone()))
+                .collect();
+        }
+        None => {
+            let theirs: Vec<String> = sets
+                .iter()
+                .map(|set| {
+                    format!(
+                        "{} (differs in {})",
+                        set.identity.describe(),
+                        set.identity.differences(&mine).join(", ")
+                    )
+                })
+                .collect();
+            selection.unusable = Some(format!(
+                "the artifact's executables were built by {}; this is {}",
+                theirs.join(" and by "),
+                mine.describe()
+            ));
+        }
+    }
+    selection
+}
+
+impl Selection {
+    /// The load log's line about shipped executables when every entry waits for first use.
+    fn report_deferred(&self, entries: usize) -> Option<String> {
+        if !self.shipped_any {
+            return None;
+        }
+        let line = match &self.unusable {
+            None => format!(
+                "executables: {} of {entries} entries will load from the artifact on first use (identity matches)",
+                self.usable.len()
+            ),
+            Some(why) => {
+                format!("executables: all {entries} entries will compile on first use: {why}")
+            }
+        };
+        if self.unusable.is_none() {
+            tracing::info!("{line}");
+        } else {
+            tracing::warn!("{line}");
+        }
+        Some(line)
+    }
+
+    /// The one line of the load log about shipped executables (`None` when there are none),
+    /// logged as it is returned: info when every entry came from the artifact, warn otherwise.
+    fn report(&self, compiled: &Compiled) -> Option<String> {
+        if !self.shipped_any {
+            return None;
+        }
+        let counts = format!(
+            "executables: {} loaded from the artifact, {} compiled, {} from the compile cache",
+            compiled.from_artifact, compiled.compiled, compiled.cache_hits
+        );
+        let why = if let Some(why) = &self.unusable {
+            Some(why.clone())
+        } else if let Some(why) = &compiled.refused {
+            Some(format!(
+                "the identity matches but the plugin refused a shipped executable: {why}"
+            ))
+        } else if compiled.compiled + compiled.cache_hits > 0 {
+            Some("the artifact ships no executable for the others".into())
+        } else {
+            None
+        };
+        match why {
+            None => {
+                let line = format!("{counts} (identity matches)");
+                tracing::info!("{line}");
+                Some(line)
+            }
+            Some(why) => {
+                let line = format!("{counts}: {why}");
+                tracing::warn!("{line}");
+                Some(line)
+            }
+        }
+    }
 }
 
 impl Compiler<'_> {
+    /// Loads one entry's executable from the artifact when it ships a usable one (hash checked
+    /// first: altered bytes fail the load), else compiles it through the cache; says where
+    /// the executable came from.
+    fn compile(&self, entry: &Entry) -> Result<(LoadedExecutable, Origin), LoadError> {
+        let mut refused = None;
+        if let Some(shipped) = self.shipped.and_then(|s| s.get(&entry.name))
+            && shipped.body == entry.body
+        {
+            let bytes = self.artifact.executable_bytes(shipped)?;
+            match self.client.deserialize_executable(&bytes, self.options) {
+                Ok(executable) => return Ok((executable, Origin::Artifact)),
+                Err(e) => {
+                    tracing::warn!(entry = %entry.name, file = %shipped.file, error = %e, "the plugin refused the shipped executable; compiling");
+                    refused = Some(format!("{}: {e}", shipped.file));
+                }
+            }
+        }
+        let (executable, cached) = self.compile_through_cache(entry)?;
+        let origin = match (refused, cached) {
+            (Some(why), _) => Origin::CompiledAfterRefusal(why),
+            (None, true) => Origin::Cache,
+            (None, false) => Origin::Compiled,
+        };
+        Ok((executable, origin))
+    }
+
     /// Compiles (or loads from the cache) one entry; returns whether the cache served it.
-    fn compile(&self, entry: &Entry) -> Result<(LoadedExecutable, bool), LoadError> {
+    fn compile_through_cache(&self, entry: &Entry) -> Result<(LoadedExecutable, bool), LoadError> {
         let options_bytes = self.options.to_proto_bytes();
         let cache_key = tlaloc_artifact::paths::body_hash(&entry.body)
             .ok()
@@ -586,8 +921,14 @@ impl Compiler<'_> {
             }
         }
         let built = parallel_map(&bodies, cores(), |entry| self.compile(entry))?;
-        let cache_hits = built.iter().filter(|(_, hit)| *hit).count();
-        let compiled = built.len() - cache_hits;
+        let count = |origin: &Origin| built.iter().filter(|(_, o)| o == origin).count();
+        let cache_hits = count(&Origin::Cache);
+        let from_artifact = count(&Origin::Artifact);
+        let compiled = built.len() - cache_hits - from_artifact;
+        let refused = built.iter().find_map(|(_, o)| match o {
+            Origin::CompiledAfterRefusal(why) => Some(why.clone()),
+            _ => None,
+        });
         let by_body: HashMap<&str, &LoadedExecutable> = bodies
             .iter()
             .zip(&built)
@@ -601,6 +942,8 @@ impl Compiler<'_> {
             executables,
             cache_hits,
             compiled,
+            from_artifact,
+            refused,
         })
     }
 }
@@ -820,14 +1163,14 @@ impl Model {
         if self.entries[key].executable.is_none() {
             let started = Instant::now();
             let entry = &self.entries[key].entry;
-            let (executable, _) =
+            let (executable, origin) =
                 self.compiler()
                     .compile(entry)
                     .map_err(|e| ExecutorError::Device {
                         entry: *key,
                         message: e.to_string(),
                     })?;
-            tracing::info!(entry = %key, ms = started.elapsed().as_millis() as u64, "compiled on first use");
+            tracing::info!(entry = %key, ms = started.elapsed().as_millis() as u64, ?origin, "ready on first use");
             self.entries.get_mut(key).expect("checked").executable = Some(executable);
         }
         if fed.is_some() && key.tokens != 1 {

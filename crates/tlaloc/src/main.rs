@@ -25,8 +25,14 @@ enum Command {
     Export(cmd::export::ExportArgs),
     /// Summarize an artifact directory or describe a checkpoint.
     Inspect(cmd::inspect::InspectArgs),
-    /// Re-hash an artifact's bodies, weights and tokenizer files against its manifest.
+    /// Re-hash an artifact's files against its manifest (and check its signature).
     Verify(cmd::verify::VerifyArgs),
+    /// Compile every entry with a plugin and ship the executables in the artifact.
+    Compile(cmd::compile::CompileArgs),
+    /// Make an ed25519 key pair for signing artifacts.
+    Keygen(cmd::sign::KeygenArgs),
+    /// Sign an artifact's manifest (which hashes every file) with a secret key.
+    Sign(cmd::sign::SignArgs),
     /// Generate from one prompt, streaming text or printing one JSON object.
     Generate(cmd::generate::GenerateArgs),
     /// Measure start-up, prefill and decode speed against the bytes-per-step floor.
@@ -49,6 +55,9 @@ fn main() -> anyhow::Result<()> {
         Command::Export(args) => cmd::export::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Verify(args) => cmd::verify::run(args),
+        Command::Compile(args) => cmd::compile::run(args),
+        Command::Keygen(args) => cmd::sign::keygen(args),
+        Command::Sign(args) => cmd::sign::sign(args),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Serve(args) => cmd::serve::run(args),

@@ -114,6 +114,7 @@ pub fn write(dir: &Path) -> Written {
             exporter: "tlaloc-export 0.1.0".into(),
             options: serde_json::json!({"maxBatch": 2, "dtype": "f32"}),
         },
+        executables: Vec::new(),
     };
     for point in ladder.points() {
         let text = match point.kind {

@@ -1,6 +1,7 @@
 //! Integration tests of the artifact crate, linked into one binary.
 
 mod dtype;
+mod executables;
 mod fixture;
 mod hostile_json;
 mod ladder;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::dequant::GgmlType;
+use super::dequant::{DequantError, GgmlType};
 
 /// Longest string accepted (chat templates are a few KB; 16 MiB leaves room).
 pub const MAX_STRING_LEN: u64 = 1 << 24;
@@ -18,6 +18,35 @@ pub const MAX_TENSOR_COUNT: u64 = 1 << 20;
 /// Most dimensions of one tensor (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: u32 = 4;
 const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// Why a GGUF header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// The bytes are not a well-formed GGUF header (a sentence naming what and where).
+    #[error("{0}")]
+    Malformed(String),
+    /// A tensor names an element type id that is not a current ggml type, so its size (and
+    /// everything after it) cannot be known.
+    #[error("tensor {tensor:?}: {error}")]
+    UnknownType {
+        /// The tensor's name.
+        tensor: String,
+        /// The refusal, naming the id.
+        error: DequantError,
+    },
+}
+
+impl From<String> for HeaderError {
+    fn from(reason: String) -> Self {
+        HeaderError::Malformed(reason)
+    }
+}
+
+impl From<&str> for HeaderError {
+    fn from(reason: &str) -> Self {
+        HeaderError::Malformed(reason.to_string())
+    }
+}
 
 /// One metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,7 +136,8 @@ pub struct GgufTensorInfo {
     pub name: String,
     /// ggml dimensions, fastest first (`ne[0]` is the row length).
     pub ne: Vec<usize>,
-    /// Element encoding.
+    /// Element encoding (possibly one [`super::dequantize`] does not read; the checkpoint
+    /// refuses those by name when it opens).
     pub ggml_type: GgmlType,
     /// Absolute byte offset of the data in the file.
     pub offset: usize,
@@ -149,20 +179,20 @@ impl GgufHeader {
     }
 
     /// Parses the header of a whole GGUF file held in `bytes`, checking that every tensor's data
-    /// lies inside it. Errors are a sentence naming what is wrong and where.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+    /// lies inside it. Errors name what is wrong and where. Tensors of any current ggml type are
+    /// accepted here (their sizes are known); only an unknown type id stops the parse.
+    pub fn parse(bytes: &[u8]) -> Result<Self, HeaderError> {
         let mut r = Reader { bytes, pos: 0 };
         let magic = r.take(4)?;
         if magic != b"GGUF" {
-            return Err(format!(
-                "bad magic {magic:02x?}; a GGUF file starts with \"GGUF\""
-            ));
+            return Err(format!("bad magic {magic:02x?}; a GGUF file starts with \"GGUF\"").into());
         }
         let version = r.u32()?;
         if !(version == 2 || version == 3) {
             return Err(format!(
                 "GGUF version {version} is not supported; versions 2 and 3 (little-endian) are read"
-            ));
+            )
+            .into());
         }
         let tensor_count = r.count(MAX_TENSOR_COUNT, 24, "tensor count")?;
         let kv_count = r.count(MAX_KV_COUNT, 12, "metadata count")?;
@@ -172,9 +202,9 @@ impl GgufHeader {
             let key = r.string()?;
             let value = r.value(0)?;
             if metadata.insert(key.clone(), value).is_some() {
-                return Err(format!(
-                    "metadata key {key:?} appears twice (second at byte {at})"
-                ));
+                return Err(
+                    format!("metadata key {key:?} appears twice (second at byte {at})").into(),
+                );
             }
         }
         let alignment = match metadata.get("general.alignment") {
@@ -183,7 +213,8 @@ impl GgufHeader {
             Some(other) => {
                 return Err(format!(
                     "general.alignment is {other:?}; a UINT32 power of two is accepted"
-                ));
+                )
+                .into());
             }
         };
         let mut tensors = Vec::with_capacity(tensor_count.min(4096));
@@ -193,15 +224,14 @@ impl GgufHeader {
             let at = r.pos;
             let name = r.string()?;
             if !names.insert(name.clone()) {
-                return Err(format!(
-                    "tensor {name:?} appears twice (second at byte {at})"
-                ));
+                return Err(format!("tensor {name:?} appears twice (second at byte {at})").into());
             }
             let n_dims = r.u32()?;
             if n_dims == 0 || n_dims > MAX_DIMS {
                 return Err(format!(
                     "tensor {name:?} has {n_dims} dimensions; 1 to {MAX_DIMS} are accepted"
-                ));
+                )
+                .into());
             }
             let mut ne = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -216,28 +246,41 @@ impl GgufHeader {
             }
             let type_id = r.u32()?;
             let ggml_type =
-                GgmlType::from_id(type_id).map_err(|e| format!("tensor {name:?}: {e}"))?;
+                GgmlType::from_id(type_id).map_err(|error| HeaderError::UnknownType {
+                    tensor: name.clone(),
+                    error,
+                })?;
             let offset = r.u64()?;
             if offset % alignment != 0 {
                 return Err(format!(
                     "tensor {name:?} data offset {offset} is not a multiple of the alignment {alignment}"
-                ));
+                )
+                .into());
             }
             let elements = ne
                 .iter()
                 .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| format!("tensor {name:?} dimensions {ne:?} overflow"))?;
+                .ok_or_else(|| {
+                    format!(
+                        "tensor {name:?} ({}) dimensions {ne:?} overflow",
+                        ggml_type.name()
+                    )
+                })?;
             let (block, block_bytes) = ggml_type.block();
             if ne[0] % block != 0 {
                 return Err(format!(
                     "tensor {name:?} row length {} is not a multiple of the {} block size {block}",
                     ne[0],
                     ggml_type.name()
-                ));
+                )
+                .into());
             }
-            let byte_len = (elements / block)
-                .checked_mul(block_bytes)
-                .ok_or_else(|| format!("tensor {name:?} byte size overflows"))?;
+            let byte_len = (elements / block).checked_mul(block_bytes).ok_or_else(|| {
+                format!(
+                    "tensor {name:?} ({}, dimensions {ne:?}) byte size overflows",
+                    ggml_type.name()
+                )
+            })?;
             raw_offsets.push(offset);
             tensors.push(GgufTensorInfo {
                 name,
@@ -254,7 +297,8 @@ impl GgufHeader {
         if data_offset > file_len {
             return Err(format!(
                 "tensor data would start at byte {data_offset}, past the end ({file_len})"
-            ));
+            )
+            .into());
         }
         for (t, raw) in tensors.iter_mut().zip(raw_offsets) {
             let start = data_offset.checked_add(raw);
@@ -263,9 +307,12 @@ impl GgufHeader {
                 (Some(s), Some(e)) if e <= file_len => t.offset = s as usize,
                 _ => {
                     return Err(format!(
-                        "tensor {:?} ({} bytes at data offset {raw}) lies past the end of the file ({file_len} bytes)",
-                        t.name, t.byte_len
-                    ));
+                        "tensor {:?} ({} bytes of {} at data offset {raw}) lies past the end of the file ({file_len} bytes)",
+                        t.name,
+                        t.byte_len,
+                        t.ggml_type.name()
+                    )
+                    .into());
                 }
             }
         }

@@ -1,15 +1,15 @@
 //! llama.cpp GGUF checkpoints: the container ([`header`]), dequantization ([`dequant`]) and the
-//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` metadata, tensors in
-//! Hugging Face layout with llama.cpp's Q/K row permutation undone exactly as transformers'
-//! `LlamaTensorProcessor._reverse_permute_weights` does.
+//! Llama-family reading of it — a [`ModelConfig`] from `llama.*` / `qwen2.*` / `qwen3.*`
+//! metadata, tensors in Hugging Face layout with llama.cpp's Q/K row permutation undone (Llama
+//! files only) exactly as transformers' `LlamaTensorProcessor._reverse_permute_weights` does.
 
 pub mod dequant;
 pub mod header;
 
 use std::path::{Path, PathBuf};
 
-pub use dequant::{ACCEPTED_TYPES, GgmlType, dequantize};
-pub use header::{GgufHeader, GgufTensorInfo, MetaValue};
+pub use dequant::{ACCEPTED_TYPES, DequantError, GGML_TYPES, GgmlType, GgmlTypeInfo, dequantize};
+pub use header::{GgufHeader, GgufTensorInfo, HeaderError, MetaValue};
 
 use crate::checkpoint::{LayerRole, Tensor, TensorData, TensorRole};
 use crate::config::{Architecture, ModelConfig, RopeScaling, unsupported};
@@ -32,11 +32,18 @@ impl GgufCheckpoint {
     pub fn open(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(io_error(path))?;
         let mmap = map_file(&file).map_err(io_error(path))?;
-        let header = GgufHeader::parse(&mmap).map_err(|reason| IngestError::Gguf {
-            path: path.to_path_buf(),
-            reason,
-        })?;
+        let header = parse_header(path, &mmap)?;
         let (arch, config) = config_from_header(&header)?;
+        if let Some(t) = header.tensors.iter().find(|t| !t.ggml_type.is_supported()) {
+            return Err(IngestError::UnsupportedGgmlType {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                reason: DequantError::Unsupported {
+                    name: t.ggml_type.name(),
+                    id: t.ggml_type.id(),
+                },
+            });
+        }
         Ok(Self {
             path: path.to_path_buf(),
             mmap,
@@ -79,7 +86,18 @@ impl GgufCheckpoint {
                 path: self.path.clone(),
                 reason: format!("tensor {name:?} lies past the end of the file"),
             })?;
-        let mut tensor = Tensor::new(name, info.hf_dims(), dequantize(info.ggml_type, bytes))?;
+        let data = dequantize(info.ggml_type, bytes).map_err(|reason| match reason {
+            DequantError::PartialBlock { .. } => IngestError::Gguf {
+                path: self.path.clone(),
+                reason: format!("tensor {name:?}: {reason}"),
+            },
+            _ => IngestError::UnsupportedGgmlType {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                reason,
+            },
+        })?;
+        let mut tensor = Tensor::new(name, info.hf_dims(), data)?;
         // llama.cpp's converter permutes Q and K rows of Llama-architecture files only.
         if self.arch == "llama" {
             let heads = match role {
@@ -97,6 +115,22 @@ impl GgufCheckpoint {
         }
         Ok(tensor)
     }
+}
+
+/// Parses the header of the GGUF file `path` (whose bytes are `bytes`) into the crate's errors:
+/// an unknown element type is refused as not supported, anything else wrong as malformed.
+pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
+    GgufHeader::parse(bytes).map_err(|e| match e {
+        HeaderError::Malformed(reason) => IngestError::Gguf {
+            path: path.to_path_buf(),
+            reason,
+        },
+        HeaderError::UnknownType { tensor, error } => IngestError::UnsupportedGgmlType {
+            path: path.to_path_buf(),
+            tensor,
+            reason: error,
+        },
+    })
 }
 
 /// Undoes llama.cpp's `permute`: within each head, rows `(d, 2)` were interleaved; they go back
@@ -180,15 +214,22 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
     let arch = h
         .get("general.architecture")
         .and_then(MetaValue::as_str)
-        .ok_or_else(|| unsupported("general.architecture", "missing", "\"llama\" or \"qwen2\""))?
+        .ok_or_else(|| {
+            unsupported(
+                "general.architecture",
+                "missing",
+                "\"llama\", \"qwen2\" or \"qwen3\"",
+            )
+        })?
         .to_string();
     let architecture = match arch.as_str() {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
         other => {
             return Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
-                accepted: "GGUF general.architecture llama, qwen2",
+                accepted: "GGUF general.architecture llama, qwen2, qwen3",
             });
         }
     };
@@ -272,6 +313,7 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         qkv_bias,
         o_bias: any_layer_has(".attn_output.bias"),
         mlp_bias: any_layer_has(".ffn_gate.bias"),
+        qk_norm: architecture == Architecture::Qwen3,
         bos_token_id: token_id(h, "tokenizer.ggml.bos_token_id")?,
         eos_token_ids: token_id(h, "tokenizer.ggml.eos_token_id")?
             .into_iter()

@@ -89,6 +89,9 @@ fn layer_slots(c: &ModelConfig) -> Vec<(&'static str, Vec<LayerRole>)> {
     if c.qkv_bias {
         slots.push(("qkv_bias", vec![QBias, KBias, VBias]));
     }
+    if c.qk_norm {
+        slots.push(("qk_norm", vec![QNorm, KNorm]));
+    }
     slots.push(("o_proj", vec![O]));
     if c.o_bias {
         slots.push(("o_bias", vec![OBias]));
@@ -311,6 +314,36 @@ impl Graph {
         self.f.mul(w, normed)
     }
 
+    /// Per-head RMSNorm of `x [N, heads + kvHeads, D]` over `D`: the first `heads` heads
+    /// (queries) take the first `D` values of the slot's weight, the rest (keys) the next `D`
+    /// (transformers' Qwen3 `q_norm` / `k_norm`, in f32).
+    fn head_rms_norm(
+        &mut self,
+        x: Value,
+        slot: &str,
+        heads: usize,
+        eps: f64,
+    ) -> Result<Value, HloError> {
+        let dims = self.dims(x)?;
+        let (n, all, d) = (dims[0], dims[1], dims[2]);
+        let squares = self.f.mul(x, x)?;
+        let sum = self.f.reduce_sum(squares, [2])?;
+        let width = self.f.full(&f32_ty(&[n, all]), d as f64)?;
+        let mean = self.f.div(sum, width)?;
+        let eps = self.f.full(&f32_ty(&[n, all]), eps)?;
+        let variance = self.f.add(mean, eps)?;
+        let scale = self.f.rsqrt(variance)?;
+        let scale = self.f.broadcast_in_dim(scale, [n, all, d], [0, 1])?;
+        let normed = self.f.mul(x, scale)?;
+        let w = self.weight(slot)?;
+        let wq = self.f.slice(w, [0], [d], [1])?;
+        let wk = self.f.slice(w, [d], [2 * d], [1])?;
+        let wq = self.f.broadcast_in_dim(wq, [n, heads, d], [2])?;
+        let wk = self.f.broadcast_in_dim(wk, [n, all - heads, d], [2])?;
+        let w = self.f.concatenate(&[wq, wk], 1)?;
+        self.f.mul(w, normed)
+    }
+
     /// RoPE of `x [N, heads, D]` with `cos`, `sin` already broadcast to `[N, heads, D]`:
     /// `x * cos + rotate_half(x) * sin`.
     fn rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, HloError> {
@@ -462,6 +495,11 @@ fn build(
             [n, qk_heads + kv_heads, d],
             [1, 1, 1],
         )?;
+        let qk = if c.qk_norm {
+            g.head_rms_norm(qk, &slot(layer, "qk_norm"), heads, c.rms_norm_eps)?
+        } else {
+            qk
+        };
         let qk = g.rope(qk, cos, sin)?;
         let q = g.f.slice(qk, [0, 0, 0], [n, heads, d], [1, 1, 1])?;
         let k = g.f.slice(qk, [0, heads, 0], [n, qk_heads, d], [1, 1, 1])?;

@@ -6,6 +6,7 @@ mod model_runs;
 mod parked;
 mod prefix;
 mod scheduler_steps;
+mod shipped_executables;
 mod step_rows;
 mod streams;
 mod toy;

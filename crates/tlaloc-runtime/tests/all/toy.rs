@@ -191,6 +191,7 @@ pub fn write(dir: &Path, num_blocks: usize) {
             exporter: "runtime tests".into(),
             options: serde_json::json!({}),
         },
+        executables: Vec::new(),
     };
     for point in ladder.points() {
         let text = body(point.batch, point.tokens, point.context, num_blocks);

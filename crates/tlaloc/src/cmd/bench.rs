@@ -419,14 +419,18 @@ fn print_table(
         );
     }
     println!(
-        "ready     {:.0} ms from the start of the command (load {:.0} ms, of which compile {:.0} ms: {} compiled, {} from the cache; compile cache {})",
+        "ready     {:.0} ms from the start of the command (load {:.0} ms, of which compile {:.0} ms: {} compiled, {} from the cache, {} from the artifact; compile cache {})",
         ms(ready),
         load["total_ms"].as_f64().unwrap_or(0.0),
         load["compile_ms"].as_f64().unwrap_or(0.0),
         load["compiled"],
         load["cache_hits"],
+        load["from_artifact"],
         load["compile_cache"].as_str().unwrap_or("?"),
     );
+    if let Some(line) = load["executables"].as_str() {
+        println!("          {line}");
+    }
     match bandwidth {
         Some(b) => println!("bandwidth {:.1} GB/s, {}", b.gbps, b.source),
         None => {

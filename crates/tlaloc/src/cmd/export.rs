@@ -54,6 +54,10 @@ pub struct ExportArgs {
     /// Replace an existing artifact in --out.
     #[arg(long)]
     force: bool,
+    /// After exporting, compile every entry with this plugin and ship the executables in the
+    /// artifact (as `tlaloc compile`); repeatable, one set per plugin.
+    #[arg(long, value_name = "PLUGIN")]
+    compile: Vec<String>,
 }
 
 impl ExportArgs {
@@ -166,6 +170,13 @@ pub fn run(args: ExportArgs) -> Result<()> {
         m.kv_cache.num_blocks
     );
     println!("time: {:.2?}", start.elapsed());
+    for plugin in &args.compile {
+        super::compile::compile_for(
+            &args.out,
+            plugin,
+            tlaloc_runtime::LoadOptions::default().compile_cache,
+        )?;
+    }
     Ok(())
 }
 

@@ -41,6 +41,9 @@ pub struct EngineArgs {
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     pub verify: bool,
+    /// Compile every entry even when the artifact ships executables for this plugin.
+    #[arg(long)]
+    pub no_artifact_executables: bool,
     /// The most greedy decode steps run back to back on the device before their tokens are
     /// read (the engine runs fewer when a step is slow); 1 reads every step's tokens.
     #[arg(long, default_value_t = DEFAULT_MAX_DECODE_CHAIN)]
@@ -64,6 +67,7 @@ impl EngineArgs {
                 self.compile_cache.clone().or(defaults.compile_cache)
             },
             max_decode_chain: self.max_decode_chain,
+            artifact_executables: !self.no_artifact_executables,
             ..defaults
         }
     }
@@ -208,6 +212,8 @@ pub fn load_json(timings: Option<&LoadTimings>, cache_enabled: bool) -> Value {
         "allocate_pools_ms": ms(t.allocate_pools),
         "compiled": t.compiled,
         "cache_hits": t.cache_hits,
+        "from_artifact": t.from_artifact,
+        "executables": t.executables,
         "deferred": t.deferred,
         "compile_cache": cache_state(t, cache_enabled),
     })

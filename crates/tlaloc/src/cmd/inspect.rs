@@ -1,12 +1,14 @@
 //! `tlaloc inspect PATH`: an artifact directory's manifest summary (model, ladder, entries,
-//! weight bytes), or a checkpoint's description from the ingestion crate.
+//! weight bytes), or for a checkpoint, first what it is (architecture, tensors per element type)
+//! and whether export accepts it, then, when it does, its full description. Both come from the
+//! ingestion crate; a refused checkpoint is reported, not an error of the command.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use tlaloc_artifact::{Artifact, MANIFEST_FILE};
-use tlaloc_export::{Checkpoint, describe};
+use tlaloc_export::{Survey, describe};
 
 use super::export::human_bytes;
 
@@ -21,14 +23,19 @@ pub fn run(args: InspectArgs) -> Result<()> {
         let artifact = Artifact::open(&args.path)
             .with_context(|| format!("opening artifact {}", args.path.display()))?;
         print!("{}", summarize(&artifact));
+    } else if args.path.exists() {
+        let survey = Survey::of(&args.path);
+        println!("checkpoint: {}", args.path.display());
+        println!("{survey}");
+        if let Ok(checkpoint) = &survey.verdict {
+            println!("{}", describe(checkpoint));
+        }
     } else {
-        let checkpoint = Checkpoint::open(&args.path).with_context(|| {
-            format!(
-                "{} is neither an artifact (no {MANIFEST_FILE}) nor a readable checkpoint",
-                args.path.display()
-            )
-        })?;
-        println!("{}", describe(&checkpoint));
+        anyhow::bail!(
+            "{} does not exist; inspect takes an artifact directory, a Hugging Face checkpoint \
+             directory or a .gguf file",
+            args.path.display()
+        );
     }
     Ok(())
 }

@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     verify: bool,
+    /// Refuse an artifact whose manifest is not signed by this public key (`tlaloc keygen`'s
+    /// `.pub`); every file is then re-hashed too (as --verify), so the whole artifact is checked.
+    #[arg(long, value_name = "PUBLIC_KEY_FILE")]
+    require_signature: Option<PathBuf>,
     /// Prefill every prompt whole instead of reusing the K/V of a cached prefix.
     #[arg(long)]
     no_prefix_cache: bool,
@@ -79,6 +83,10 @@ fn seconds(text: &str) -> Result<Duration, String> {
 
 /// Runs the server until ctrl-c or SIGTERM.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if let Some(key) = &args.require_signature {
+        let id = super::sign::check_signature(&args.artifact, key)?;
+        tracing::info!(key = %id, "artifact signature checked");
+    }
     let artifact = Artifact::open(&args.artifact)
         .with_context(|| format!("cannot open the artifact {}", args.artifact.display()))?;
     let text = ModelText::from_artifact(&artifact)?;
@@ -101,7 +109,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let options = LoadOptions {
         plugin: PluginRequest::parse(&args.plugin),
-        verify: args.verify,
+        verify: args.verify || args.require_signature.is_some(),
         compile: if args.lazy_compile {
             CompileMode::Lazy
         } else {
