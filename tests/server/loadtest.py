@@ -5,9 +5,15 @@ transport error, on an accepted request that does not end with that many tokens 
 finish_reason "length", or on K/V pages still held once everything is done. 429s are counted,
 not failures. Prints p50/p99 time to first token and inter-token latency.
 
+With --system-prompt-tokens N every prompt starts with the same N tokens (a system prompt, as
+token ids, from the server's own tokenizer), as a chat service's requests do; --serve-arg passes
+flags to the server it starts (e.g. --serve-arg=--no-prefix-cache).
+
     python tests/server/loadtest.py --url http://127.0.0.1:8000 --concurrency 200
     python tests/server/loadtest.py --tlaloc target/release/tlaloc --plugin cpu \
         --artifact target/server-tests/tiny --concurrency 200
+    python tests/server/loadtest.py --tlaloc target/release/tlaloc --plugin cpu \
+        --artifact DIR --concurrency 64 --system-prompt-tokens 200
 """
 
 import argparse
@@ -30,8 +36,33 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[k]
 
 
-async def one(client: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int) -> dict:
-    body = {"model": model, "prompt": f"Request {i}: tell me a story about the number {i}.",
+SYSTEM_TEXT = ("You are a helpful assistant for a small public library. Answer questions about "
+               "opening hours, borrowing rules, events and the catalogue politely and briefly. "
+               "When you do not know, say so and suggest asking the front desk. ")
+
+
+def request_text(i: int) -> str:
+    return f"Request {i}: tell me a story about the number {i}."
+
+
+def tokenize(url: str, text: str) -> list[int]:
+    r = httpx.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False},
+                   timeout=30)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def system_prompt_ids(url: str, n: int) -> list[int]:
+    """The first n tokens of the system text repeated (the same for every request)."""
+    text = SYSTEM_TEXT
+    while len(ids := tokenize(url, text)) < n:
+        text += SYSTEM_TEXT
+    return ids[:n]
+
+
+async def one(client: httpx.AsyncClient, url: str, model: str, i: int, max_tokens: int,
+              prompt) -> dict:
+    body = {"model": model, "prompt": prompt,
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
@@ -71,10 +102,11 @@ async def one(client: httpx.AsyncClient, url: str, model: str, i: int, max_token
     return result
 
 
-async def run(url: str, model: str, concurrency: int, max_tokens: int) -> list[dict]:
+async def run(url: str, model: str, concurrency: int, max_tokens: int,
+              prompts: list) -> list[dict]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        return await asyncio.gather(*(one(client, url, model, i, max_tokens)
+        return await asyncio.gather(*(one(client, url, model, i, max_tokens, prompts[i])
                                       for i in range(concurrency)))
 
 
@@ -102,6 +134,10 @@ def main() -> int:
     ap.add_argument("--model", default="loadtest")
     ap.add_argument("--concurrency", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--system-prompt-tokens", type=int, default=0,
+                    help="tokens of a system prompt shared by every request (0: none)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="a flag for the server started (repeatable)")
     args = ap.parse_args()
 
     server = None
@@ -110,12 +146,19 @@ def main() -> int:
     else:
         if not (args.tlaloc and args.plugin and args.artifact):
             ap.error("give --url, or --tlaloc, --plugin and --artifact")
-        server = Server(args.artifact, args.model, binary=args.tlaloc, plugin=args.plugin)
+        server = Server(args.artifact, args.model, *args.serve_arg, binary=args.tlaloc,
+                        plugin=args.plugin)
         url = server.url
     failures = []
     try:
+        if args.system_prompt_tokens:
+            system = system_prompt_ids(url, args.system_prompt_tokens)
+            prompts = [system + tokenize(url, request_text(i)) for i in range(args.concurrency)]
+        else:
+            prompts = [request_text(i) for i in range(args.concurrency)]
+        before = idle_metrics(url)
         started = time.perf_counter()
-        results = asyncio.run(run(url, args.model, args.concurrency, args.max_tokens))
+        results = asyncio.run(run(url, args.model, args.concurrency, args.max_tokens, prompts))
         wall = time.perf_counter() - started
         metrics = idle_metrics(url)
     finally:
@@ -146,6 +189,14 @@ def main() -> int:
     print(f"  TTFT p50 {percentile(ttft, 50) * 1e3:.1f} ms, p99 {percentile(ttft, 99) * 1e3:.1f} ms")
     print(f"  ITL  p50 {percentile(itl, 50) * 1e3:.1f} ms, p99 {percentile(itl, 99) * 1e3:.1f} ms")
     print(f"  K/V pages in use afterwards: {metrics['tlaloc:kv_cache_pages_used']:.0f}")
+    delta = {k: metrics.get(k, 0.0) - before.get(k, 0.0) for k in (
+        "tlaloc:prefix_cache_lookups_total", "tlaloc:prefix_cache_lookup_hits_total",
+        "tlaloc:prefix_cache_queries_total", "tlaloc:prefix_cache_hits_total")}
+    print(f"  system prompt {args.system_prompt_tokens} tokens; prefix cache: "
+          f"{delta['tlaloc:prefix_cache_lookup_hits_total']:.0f} of "
+          f"{delta['tlaloc:prefix_cache_lookups_total']:.0f} lookups hit, "
+          f"{delta['tlaloc:prefix_cache_hits_total']:.0f} of "
+          f"{delta['tlaloc:prefix_cache_queries_total']:.0f} prompt tokens cached")
     for f in failures[:20]:
         print(f"  FAIL {f}", file=sys.stderr)
     return 1 if failures else 0

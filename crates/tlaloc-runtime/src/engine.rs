@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::executor::{EntryKind, LoadTimings, ModelExecutor, ModelShape, StepTimings};
 use crate::model::Platform;
+use crate::prefix_cache::PrefixCacheStats;
 
 use crate::request::{
     Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceKey,
@@ -117,8 +118,27 @@ pub struct EngineStats {
     pub requests_finished: u64,
     /// Preemptions by recompute.
     pub preemptions_total: u64,
+    /// K/V pages holding a cached prefix block (held by sequences or kept for reuse).
+    pub kv_pages_cached: usize,
+    /// Prefix cache lookups, hits and hit tokens (all zero with the cache off).
+    pub prefix_cache: PrefixCacheStats,
     /// Steps and their time.
     pub steps: StepStats,
+}
+
+/// How the engine schedules, beyond what the executor decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Automatic prefix caching: full blocks of K/V shared between sequences whose tokens start
+    /// the same way, so that a prompt is prefilled only from its first uncached block (on by
+    /// default).
+    pub prefix_cache: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self { prefix_cache: true }
+    }
 }
 
 /// The outcome of [`EngineHandle::generate_blocking`].
@@ -186,26 +206,76 @@ struct Ready {
 pub struct Engine;
 
 impl Engine {
-    /// Starts the engine thread over an executor that can move to it.
+    /// Starts the engine thread over an executor that can move to it, with the default
+    /// [`EngineOptions`].
     pub fn start<E>(executor: E) -> Result<EngineHandle, EngineError>
     where
         E: ModelExecutor + Send + 'static,
     {
-        Self::start_with(move || Ok::<_, std::convert::Infallible>(executor))
+        Self::start_with_options(executor, EngineOptions::default())
     }
 
-    /// Loads the artifact in `dir` onto a PJRT device and starts the engine over it.
+    /// Starts the engine thread over an executor that can move to it. The prefix cache's
+    /// identity of the model is its shape (an executor that is not an artifact has no other).
+    pub fn start_with_options<E>(
+        executor: E,
+        options: EngineOptions,
+    ) -> Result<EngineHandle, EngineError>
+    where
+        E: ModelExecutor + Send + 'static,
+    {
+        Self::spawn(
+            move || Ok::<_, std::convert::Infallible>(executor),
+            None,
+            options,
+        )
+    }
+
+    /// Loads the artifact in `dir` onto a PJRT device and starts the engine over it, with the
+    /// default [`EngineOptions`].
     pub fn load(
         dir: impl Into<std::path::PathBuf>,
         options: crate::model::LoadOptions,
     ) -> Result<EngineHandle, EngineError> {
+        Self::load_with_options(dir, options, EngineOptions::default())
+    }
+
+    /// Loads the artifact in `dir` onto a PJRT device and starts the engine over it. The prefix
+    /// cache's identity of the model is the artifact's manifest (its weights' and programs'
+    /// hashes, its dtype, its configuration).
+    pub fn load_with_options(
+        dir: impl Into<std::path::PathBuf>,
+        options: crate::model::LoadOptions,
+        engine: EngineOptions,
+    ) -> Result<EngineHandle, EngineError> {
         let dir = dir.into();
-        Self::start_with(move || crate::model::Model::load(&dir, &options))
+        Self::spawn(
+            move || crate::model::Model::load(&dir, &options),
+            Some(|model: &crate::model::Model| {
+                format!("{:?}", model.artifact().manifest()).into_bytes()
+            }),
+            engine,
+        )
     }
 
     /// Starts the engine thread and builds the executor on it (for executors that must stay on
     /// the thread that made them); waits until it is built.
     pub fn start_with<E, F, Err>(make: F) -> Result<EngineHandle, EngineError>
+    where
+        E: ModelExecutor + 'static,
+        F: FnOnce() -> Result<E, Err> + Send + 'static,
+        Err: std::fmt::Display,
+    {
+        Self::spawn(make, None, EngineOptions::default())
+    }
+
+    /// Starts the engine thread, builds the executor on it, and names the model for the prefix
+    /// cache by `identity` (by its shape when `None`).
+    fn spawn<E, F, Err>(
+        make: F,
+        identity: Option<fn(&E) -> Vec<u8>>,
+        options: EngineOptions,
+    ) -> Result<EngineHandle, EngineError>
     where
         E: ModelExecutor + 'static,
         F: FnOnce() -> Result<E, Err> + Send + 'static,
@@ -228,6 +298,13 @@ impl Engine {
                 let scheduler = match Scheduler::new(executor.shape()) {
                     Ok(mut s) => {
                         s.set_decode_exploration(executor.all_entries_compiled());
+                        if options.prefix_cache {
+                            let id = match identity {
+                                Some(of) => of(&executor),
+                                None => format!("{:?}", executor.shape()).into_bytes(),
+                            };
+                            s.set_prefix_cache(Some(&id));
+                        }
                         s
                     }
                     Err(e) => {
@@ -684,6 +761,8 @@ impl<E: ModelExecutor> Actor<E> {
             kv_pages_used: counts.pages_used,
             kv_pages_total: counts.pages_total,
             preemptions_total: counts.preemptions,
+            kv_pages_cached: counts.pages_cached,
+            prefix_cache: counts.prefix_cache,
             ..self.totals
         };
     }

@@ -3,7 +3,7 @@
 //! Rooms, bottom up: [`model`] loads an artifact and runs compiled entries ([`executor`] is the
 //! trait it implements); [`layout`] lays out one step's inputs; [`step_executor`] runs rows laid
 //! out by any caller (the seam for an external scheduler); [`block_manager`] hands out K/V
-//! pages; [`request`] is what a caller asks and its one validation; [`bucket`] chooses decode
+//! pages, shared between sequences through [`prefix_cache`]'s block hashes; [`request`] is what a caller asks and its one validation; [`bucket`] chooses decode
 //! buckets by measurement; [`stop`] decides stops; [`sampling`] draws tokens; [`scheduler`]
 //! queues, admits, preempts, parks and completes sequences; [`engine`] is the thread that owns
 //! all of it and the handle the server and the CLI talk to.
@@ -19,6 +19,7 @@ pub mod engine;
 pub mod executor;
 pub mod layout;
 pub mod model;
+pub mod prefix_cache;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
@@ -26,7 +27,8 @@ pub mod step_executor;
 pub mod stop;
 
 pub use engine::{
-    Engine, EngineError, EngineHandle, EngineStats, GenerateResult, StepStats, TokenEvent,
+    Engine, EngineError, EngineHandle, EngineOptions, EngineStats, GenerateResult, StepStats,
+    TokenEvent,
 };
 pub use executor::{
     DECODE_CHAIN_WINDOW, EntryKind, ExecutorError, Ladder, LadderPoint, LoadTimings, ModelExecutor,
@@ -36,6 +38,7 @@ pub use model::{
     CompileMode, CompiledArtifact, DEFAULT_MAX_DECODE_CHAIN, LoadError, LoadOptions, Model,
     Platform, compile_into_artifact,
 };
+pub use prefix_cache::PrefixCacheStats;
 pub use request::{
     FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceControl,
     SequenceKey, StopParams, Usage, ValidatedRequest,

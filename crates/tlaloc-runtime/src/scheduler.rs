@@ -23,6 +23,20 @@
 //! evicted, else the youngest running sequence is preempted: its pages freed at once, itself
 //! put back at the head of the queue.
 //!
+//! Automatic prefix caching ([`crate::prefix_cache`], on with [`Scheduler::set_prefix_cache`]):
+//! every full block a sequence computes is registered in the pool under its chained hash, as
+//! soon as its K/V is in the pools, so a sequence still running shares its prefix too. A
+//! sequence about to be prefilled from its start (new, preempted, or a parked one that was
+//! evicted) first takes the longest cached run of its blocks, shared (reference-counted), and
+//! is prefilled from the first uncached position; the block holding its last token is always
+//! computed, so that its step returns that token's logits and no shared page is ever written.
+//! A parked sequence keeps its pages as before; its full blocks are registered like any
+//! other's, so another request with the same history shares them while it is parked, and once
+//! it is evicted its cached blocks stay in the pool's eviction order, so resuming it may find
+//! them still there. A page is counted free when nobody holds it, cached or not; allocating
+//! evicts the least recently released cached page only when no plain free page is left, and
+//! before a parked sequence is evicted or a running one preempted.
+//!
 //! Sequences live in slots; the running set, the queue, the parked set and every step's rows
 //! name slots, so nothing is found by scanning request ids (only an abort, which arrives by id,
 //! goes through the id index).
@@ -36,6 +50,7 @@ use crate::block_manager::{BlockManager, BlockPoolError, PageId};
 use crate::bucket::DecodeBuckets;
 use crate::executor::{Ladder, LadderPoint, ModelShape, StepInputs, StepOutput};
 use crate::layout::{self, ChainRow, RowInput};
+use crate::prefix_cache::{BlockHash, PrefixCacheStats, extend_hashes};
 use crate::request::{
     Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceKey,
     StopParams, TokenUpdate, Usage, ValidatedRequest,
@@ -120,6 +135,10 @@ pub struct SchedulerCounts {
     pub pages_total: usize,
     /// Preemptions so far.
     pub preemptions: u64,
+    /// K/V pages holding a cached prefix block (held or evictable).
+    pub pages_cached: usize,
+    /// Prefix cache lookups and hits so far.
+    pub prefix_cache: PrefixCacheStats,
 }
 
 /// Where a sequence lives in the scheduler's slot table.
@@ -136,6 +155,12 @@ struct Sequence {
     submitted_prompt: usize,
     computed: usize,
     pages: Vec<PageId>,
+    /// Chained hashes of full blocks of `tokens` (empty with the prefix cache off).
+    block_hashes: Vec<BlockHash>,
+    /// Leading pages registered in (or taken from) the prefix cache.
+    registered: usize,
+    /// Whether the prefix cache was asked for this sequence since its K/V was last dropped.
+    prefix_checked: bool,
     /// Whether it is in the running set (else it waits in the queue).
     running: bool,
     sampler: Sampler,
@@ -190,6 +215,8 @@ struct Parked {
     tokens: Vec<u32>,
     computed: usize,
     pages: Vec<PageId>,
+    block_hashes: Vec<BlockHash>,
+    registered: usize,
 }
 
 /// The continuous-batching scheduler: queue, running set, parked sequences, page pool, sampling
@@ -213,6 +240,9 @@ pub struct Scheduler {
     preemptions: u64,
     max_decode_chain: usize,
     buckets: DecodeBuckets,
+    /// The root of the prefix cache's hash chains; `None` turns the cache off.
+    prefix_root: Option<BlockHash>,
+    prefix_stats: PrefixCacheStats,
 }
 
 impl Scheduler {
@@ -234,7 +264,27 @@ impl Scheduler {
             preemptions: 0,
             max_decode_chain: 1,
             buckets: DecodeBuckets::default(),
+            prefix_root: None,
+            prefix_stats: PrefixCacheStats::default(),
         })
+    }
+
+    /// Turns automatic prefix caching on, for the model whose K/V is identified by `identity`
+    /// (bytes that change whenever a token's K/V would: the artifact's manifest), or off with
+    /// `None` (the default). Set it before the first request.
+    pub fn set_prefix_cache(&mut self, identity: Option<&[u8]>) {
+        self.prefix_root = identity.map(BlockHash::root);
+    }
+
+    /// The page pool (for inspection: holders, cached blocks).
+    pub fn pool(&self) -> &BlockManager {
+        &self.pool
+    }
+
+    /// The pages of request `id`'s sequence, in order; `None` if it is not here.
+    pub fn pages_of(&self, id: RequestId) -> Option<&[PageId]> {
+        let slot = self.by_id.get(&id)?;
+        Some(&self.seq(*slot).pages)
     }
 
     /// The most decode steps a scheduled step may chain (1, the default, chains none). The
@@ -286,6 +336,8 @@ impl Scheduler {
             tokens: Vec::new(),
             computed: 0,
             pages: Vec::new(),
+            block_hashes: Vec::new(),
+            registered: 0,
         };
         if let Some(control) = request.sequence {
             if self.busy.contains(&control.key) {
@@ -307,6 +359,10 @@ impl Scheduler {
         }
         let mut tokens = history.tokens;
         tokens.extend_from_slice(&request.prompt_ids);
+        let mut block_hashes = history.block_hashes;
+        if let Some(root) = &self.prefix_root {
+            extend_hashes(root, &mut block_hashes, &tokens, self.pool.block_size());
+        }
         let sampler = Sampler::new(request.sampling, &tokens);
         let slot = self.insert(Sequence {
             id,
@@ -315,6 +371,9 @@ impl Scheduler {
             tokens,
             computed: history.computed,
             pages: history.pages,
+            block_hashes,
+            registered: history.registered,
+            prefix_checked: history.computed > 0,
             running: false,
             sampler,
             stop: request.stop,
@@ -358,6 +417,7 @@ impl Scheduler {
         for key in std::mem::take(&mut self.parked_order) {
             self.release(key);
         }
+        self.pool.forget_cached();
         ended
     }
 
@@ -386,6 +446,11 @@ impl Scheduler {
             pages_used: self.pool.used(),
             pages_total: self.pool.allocatable(),
             preemptions: self.preemptions,
+            pages_cached: self.pool.cached(),
+            prefix_cache: PrefixCacheStats {
+                evictions: self.pool.evictions(),
+                ..self.prefix_stats
+            },
         }
     }
 
@@ -393,6 +458,7 @@ impl Scheduler {
     /// ladder cannot hold ends the sequences concerned (returned with the error).
     pub fn schedule(&mut self) -> Result<Option<ScheduledStep>, Unschedulable> {
         self.admit();
+        self.attach_cached_prefixes();
         let has_prefill = self.running.iter().any(|&s| self.seq(s).remaining() > 1);
         let has_decode = self.running.iter().any(|&s| self.seq(s).remaining() == 1);
         let step = if has_prefill && (!self.last_was_prefill || !has_decode) {
@@ -498,6 +564,7 @@ impl Scheduler {
         let parked = self.parked.get_mut(&key).expect("listed");
         self.pool.release(&mut parked.pages);
         parked.computed = 0;
+        parked.registered = 0;
         tracing::debug!(key, "parked sequence evicted for recompute");
         true
     }
@@ -513,7 +580,13 @@ impl Scheduler {
                     .saturating_sub(seq.pages.len())
             })
             .sum();
-        let parked_pages: usize = self.parked.values().map(|p| p.pages.len()).sum();
+        // Evicting a parked sequence frees only the pages nobody else holds.
+        let parked_pages: usize = self
+            .parked
+            .values()
+            .flat_map(|p| &p.pages)
+            .filter(|&&page| self.pool.holders(page) == 1)
+            .count();
         let mut free = (self.pool.free_count() + parked_pages).saturating_sub(outstanding);
         while self.running.len() < self.shape.ladder.max_decode_batch() {
             let Some(&next) = self.waiting.front() else {
@@ -523,7 +596,7 @@ impl Scheduler {
             let need = self
                 .pool
                 .pages_for(seq.tokens.len())
-                .saturating_sub(seq.pages.len());
+                .saturating_sub(seq.pages.len() + self.held_cached_prefix(seq));
             if need > free {
                 break;
             }
@@ -534,12 +607,83 @@ impl Scheduler {
         }
     }
 
+    /// Pages of `seq`'s prefix that a lookup would find held by others already (so admitting it
+    /// takes none of the free ones for them); 0 once it was looked up, or with the cache off.
+    fn held_cached_prefix(&self, seq: &Sequence) -> usize {
+        if self.prefix_root.is_none() || seq.prefix_checked || seq.computed > 0 {
+            return 0;
+        }
+        let usable = self.cacheable_blocks(seq);
+        self.pool
+            .lookup(&seq.block_hashes[..usable])
+            .into_iter()
+            .filter(|&page| self.pool.holders(page) > 0)
+            .count()
+    }
+
+    /// How many leading blocks of `seq` a prefix hit may cover: full blocks before its last
+    /// token (the last token is always computed: its logits are the step's output).
+    fn cacheable_blocks(&self, seq: &Sequence) -> usize {
+        ((seq.tokens.len() - 1) / self.pool.block_size()).min(seq.block_hashes.len())
+    }
+
+    /// Gives the sequences next in line for prefill (the oldest running ones with more than
+    /// one token left, as many as a prefill step holds) the longest cached run of their
+    /// blocks, once per time their K/V is dropped. A hit can leave a sequence with one token
+    /// left, making it a decode row and bringing the next one in line, so this repeats until
+    /// every sequence in line was looked up.
+    fn attach_cached_prefixes(&mut self) {
+        let Some(root) = self.prefix_root else {
+            return;
+        };
+        let in_line = self.shape.ladder.max_prefill_batch();
+        let block_size = self.pool.block_size();
+        loop {
+            let next = self
+                .running
+                .iter()
+                .copied()
+                .filter(|&s| self.seq(s).remaining() > 1)
+                .take(in_line)
+                .find(|&s| !self.seq(s).prefix_checked);
+            let Some(slot) = next else {
+                return;
+            };
+            let seq = self.slots[slot.0].as_mut().expect("a live slot");
+            seq.prefix_checked = true;
+            if seq.computed > 0 {
+                continue; // a continued sequence with its K/V still in its pages
+            }
+            debug_assert!(seq.pages.is_empty(), "no K/V but pages held");
+            // Preempted sequences have grown since their hashes were taken.
+            extend_hashes(&root, &mut seq.block_hashes, &seq.tokens, block_size);
+            let usable = ((seq.tokens.len() - 1) / block_size).min(seq.block_hashes.len());
+            let pages = self.pool.lookup(&seq.block_hashes[..usable]);
+            for &page in &pages {
+                self.pool.acquire(page);
+            }
+            let stats = &mut self.prefix_stats;
+            stats.queries += 1;
+            stats.query_tokens += seq.tokens.len() as u64;
+            if !pages.is_empty() {
+                stats.hits += 1;
+                stats.hit_tokens += (pages.len() * block_size) as u64;
+                tracing::trace!(id = seq.id, blocks = pages.len(), "prefix cache hit");
+            }
+            seq.computed = pages.len() * block_size;
+            seq.registered = pages.len();
+            seq.pages = pages;
+        }
+    }
+
     /// Frees the youngest running sequence's pages and queues it first; returns its slot.
     fn preempt_youngest(&mut self) -> Option<Slot> {
         let slot = self.running.pop()?;
         let seq = self.slots[slot.0].as_mut().expect("a live slot");
         self.pool.release(&mut seq.pages);
         seq.computed = 0;
+        seq.registered = 0;
+        seq.prefix_checked = false;
         seq.running = false;
         seq.preemptions += 1;
         self.preemptions += 1;
@@ -821,6 +965,9 @@ impl Scheduler {
                 continue;
             };
             seq.computed += plan.tokens;
+            if let Some(root) = &self.prefix_root {
+                register_blocks(&mut self.pool, root, seq);
+            }
             if !plan.emits {
                 continue;
             }
@@ -883,10 +1030,33 @@ impl Scheduler {
                     tokens: seq.tokens,
                     computed: seq.computed,
                     pages: seq.pages,
+                    block_hashes: seq.block_hashes,
+                    registered: seq.registered,
                 },
             ),
             _ => self.pool.release(&mut seq.pages),
         }
         finish
     }
+}
+
+/// Registers in the pool every full block of `seq` whose K/V is now computed and that is not
+/// registered yet. A block already cached in another page (computed twice, by sequences that
+/// missed together) stays private to `seq`.
+fn register_blocks(pool: &mut BlockManager, root: &BlockHash, seq: &mut Sequence) {
+    let block_size = pool.block_size();
+    let full = seq.computed / block_size;
+    if full <= seq.registered {
+        return;
+    }
+    extend_hashes(
+        root,
+        &mut seq.block_hashes,
+        &seq.tokens[..full * block_size],
+        block_size,
+    );
+    for i in seq.registered..full {
+        pool.register(seq.pages[i], seq.block_hashes[i]);
+    }
+    seq.registered = full;
 }

@@ -29,6 +29,12 @@ pub struct Metrics {
     preemptions: IntCounter,
     decode_steps: IntCounter,
     decode_chained_steps: IntCounter,
+    kv_pages_cached: IntGauge,
+    prefix_queries: IntCounter,
+    prefix_hits: IntCounter,
+    prefix_lookups: IntCounter,
+    prefix_lookup_hits: IntCounter,
+    prefix_evictions: IntCounter,
     /// Engine totals already added to the counters (they only move forward by the difference).
     seen: Mutex<EngineStats>,
     finished: IntCounterVec,
@@ -103,6 +109,30 @@ impl Metrics {
             decode_chained_steps: counter(
                 "tlaloc:decode_chained_steps_total",
                 "Decode steps chained on the device after another (no host round trip).",
+            ),
+            kv_pages_cached: gauge(
+                "tlaloc:kv_cache_pages_cached",
+                "K/V pages holding a cached prefix block (held by sequences or kept for reuse).",
+            ),
+            prefix_queries: counter(
+                "tlaloc:prefix_cache_queries_total",
+                "Prefix cache queries, in tokens looked up (vLLM's meaning).",
+            ),
+            prefix_hits: counter(
+                "tlaloc:prefix_cache_hits_total",
+                "Prefix cache hits, in tokens found cached and not prefilled (vLLM's meaning).",
+            ),
+            prefix_lookups: counter(
+                "tlaloc:prefix_cache_lookups_total",
+                "Prefix cache lookups: one per sequence prefilled from its start.",
+            ),
+            prefix_lookup_hits: counter(
+                "tlaloc:prefix_cache_lookup_hits_total",
+                "Prefix cache lookups that found at least one cached block.",
+            ),
+            prefix_evictions: counter(
+                "tlaloc:prefix_cache_evictions_total",
+                "Cached prefix blocks evicted to make room.",
             ),
             seen: Mutex::new(EngineStats::default()),
             finished: register(
@@ -181,6 +211,7 @@ impl Metrics {
             self.waiting.set(s.waiting as i64);
             self.kv_pages_used.set(s.kv_pages_used as i64);
             self.kv_pages_total.set(s.kv_pages_total as i64);
+            self.kv_pages_cached.set(s.kv_pages_cached as i64);
             self.kv_usage.set(if s.kv_pages_total == 0 {
                 0.0
             } else {
@@ -204,6 +235,14 @@ impl Metrics {
                     .decode_chained_steps
                     .saturating_sub(seen.steps.decode_chained_steps),
             );
+            let (now, before) = (s.prefix_cache, seen.prefix_cache);
+            let forward =
+                |c: &IntCounter, now: u64, before: u64| c.inc_by(now.saturating_sub(before));
+            forward(&self.prefix_queries, now.query_tokens, before.query_tokens);
+            forward(&self.prefix_hits, now.hit_tokens, before.hit_tokens);
+            forward(&self.prefix_lookups, now.queries, before.queries);
+            forward(&self.prefix_lookup_hits, now.hits, before.hits);
+            forward(&self.prefix_evictions, now.evictions, before.evictions);
             *seen = s;
         }
         let mut out = Vec::new();

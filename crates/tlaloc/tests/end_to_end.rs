@@ -16,8 +16,8 @@ use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::{
-    CompileMode, Engine, EngineHandle, FinishReason, GenerateRequest, LoadOptions, SamplingParams,
-    TokenEvent,
+    CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest, LoadOptions,
+    SamplingParams, TokenEvent,
 };
 
 fn workspace_root() -> PathBuf {
@@ -139,7 +139,11 @@ fn engine_lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn load(dir: &Path, plugin: &Path) -> EngineHandle {
-    Engine::load(
+    load_with(dir, plugin, EngineOptions::default())
+}
+
+fn load_with(dir: &Path, plugin: &Path, engine: EngineOptions) -> EngineHandle {
+    Engine::load_with_options(
         dir,
         LoadOptions {
             plugin: PluginRequest::Path(plugin.to_owned()),
@@ -148,6 +152,7 @@ fn load(dir: &Path, plugin: &Path) -> EngineHandle {
             compile_cache: Some(compile_cache().to_owned()),
             ..LoadOptions::default()
         },
+        engine,
     )
     .unwrap_or_else(|e| panic!("loading {} on {}: {e}", dir.display(), plugin.display()))
 }
@@ -451,6 +456,96 @@ fn eight_prompts_together_match_each_alone_and_preemption_changes_nothing() {
             plugin.display()
         );
         shut_down_empty(small, "after the preempted run");
+    }
+}
+
+/// Log-probabilities of the same tokens from two runs of one artifact on one plugin differ only
+/// by float order (a prefix computed in other chunks): the forward tests' relative logits
+/// tolerance, relative to the value's magnitude (at least 1).
+const LOGPROB_REL_TOL: f32 = 1e-4;
+
+#[test]
+fn a_prefix_cache_hit_changes_neither_the_ids_nor_the_logprobs() {
+    // 48 shared tokens: three full pages of 16.
+    let system: Vec<u32> = (0..48).map(|k| ((k * 53 + 11) % 500) as u32 + 3).collect();
+    let with = |tail: &[u32]| [system.as_slice(), tail].concat();
+    // After the first: a hit of 3 pages, one of 2 (the last token's page is recomputed), and
+    // the first prompt again (3 pages).
+    let prompts = [
+        with(&[7, 8, 9]),
+        with(&[100, 200, 300, 4, 5]),
+        system.clone(),
+        with(&[7, 8, 9]),
+    ];
+    let request = |p: &Vec<u32>| GenerateRequest {
+        logprobs: Some(2),
+        ..greedy(p.clone(), 12)
+    };
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let plain = load_with(
+            tiny(),
+            &plugin,
+            EngineOptions {
+                prefix_cache: false,
+            },
+        );
+        let uncached: Vec<_> = prompts
+            .iter()
+            .map(|p| plain.generate_blocking(request(p)).unwrap())
+            .collect();
+        assert_eq!(plain.stats().prefix_cache.hits, 0);
+        shut_down_empty(plain, "after the uncached runs");
+
+        let engine = load_with(tiny(), &plugin, EngineOptions { prefix_cache: true });
+        let cached: Vec<_> = prompts
+            .iter()
+            .map(|p| engine.generate_blocking(request(p)).unwrap())
+            .collect();
+        let stats = engine.stats().prefix_cache;
+        assert_eq!((stats.queries, stats.hits), (4, 3), "{stats:?}");
+        assert_eq!(stats.hit_tokens, 48 + 32 + 48, "{stats:?}");
+        shut_down_empty(engine, "after the cached runs");
+
+        for (i, (want, got)) in uncached.iter().zip(&cached).enumerate() {
+            let what = format!("prompt {i} on {}", plugin.display());
+            // Ids up to the first step where the top two are too close for float order.
+            let comparable = want
+                .top_logprobs
+                .iter()
+                .position(|top| top.len() < 2 || top[0].1 - top[1].1 < 1e-3)
+                .unwrap_or(want.token_ids.len());
+            assert!(comparable > 0, "{what}: no step to compare");
+            assert_eq!(
+                got.token_ids[..comparable],
+                want.token_ids[..comparable],
+                "{what}"
+            );
+            for (k, (w, g)) in want.logprobs[..comparable]
+                .iter()
+                .zip(&got.logprobs[..comparable])
+                .enumerate()
+            {
+                let (w, g) = (w.expect("asked for"), g.expect("asked for"));
+                assert!(
+                    (w - g).abs() <= LOGPROB_REL_TOL * w.abs().max(1.0),
+                    "{what}: step {k} logprob {g} vs {w} without the cache"
+                );
+            }
+            for (k, (w, g)) in want.top_logprobs[..comparable]
+                .iter()
+                .zip(&got.top_logprobs[..comparable])
+                .enumerate()
+            {
+                for ((wt, wl), (gt, gl)) in w.iter().zip(g) {
+                    assert_eq!(wt, gt, "{what}: step {k} top tokens");
+                    assert!(
+                        (wl - gl).abs() <= LOGPROB_REL_TOL * wl.abs().max(1.0),
+                        "{what}: step {k} top logprob {gl} vs {wl}"
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@ mod engine_runs;
 mod fake;
 mod model_runs;
 mod parked;
+mod prefix;
 mod scheduler_steps;
 mod shipped_executables;
 mod step_rows;

@@ -13,7 +13,7 @@ use crate::model_runs::options;
 use crate::streams::{collect_ids, submit_all};
 use crate::toy;
 
-fn in_sequence(prompt: Vec<u32>, max_tokens: usize, key: u64, park: bool) -> GenerateRequest {
+pub fn in_sequence(prompt: Vec<u32>, max_tokens: usize, key: u64, park: bool) -> GenerateRequest {
     GenerateRequest {
         sequence: Some(SequenceControl { key, park }),
         ..GenerateRequest::greedy(prompt, max_tokens)
@@ -21,7 +21,10 @@ fn in_sequence(prompt: Vec<u32>, max_tokens: usize, key: u64, park: bool) -> Gen
 }
 
 /// Runs the scheduler to the end; returns the tokens per request id and the steps it ran.
-fn run_to_end(s: &mut Scheduler, model: &mut FakeModel) -> (Vec<(u64, u32)>, Vec<ScheduledStep>) {
+pub fn run_to_end(
+    s: &mut Scheduler,
+    model: &mut FakeModel,
+) -> (Vec<(u64, u32)>, Vec<ScheduledStep>) {
     let (mut tokens, mut steps) = (Vec::new(), Vec::new());
     while s.has_work() {
         let step = s.schedule().unwrap().expect("a step");
@@ -34,7 +37,7 @@ fn run_to_end(s: &mut Scheduler, model: &mut FakeModel) -> (Vec<(u64, u32)>, Vec
     (tokens, steps)
 }
 
-fn of(tokens: &[(u64, u32)], id: u64) -> Vec<u32> {
+pub fn of(tokens: &[(u64, u32)], id: u64) -> Vec<u32> {
     tokens
         .iter()
         .filter(|(i, _)| *i == id)
@@ -43,7 +46,7 @@ fn of(tokens: &[(u64, u32)], id: u64) -> Vec<u32> {
 }
 
 /// Tokens the prefill steps wrote to the pools (live slots).
-fn prefilled(steps: &[ScheduledStep]) -> usize {
+pub fn prefilled(steps: &[ScheduledStep]) -> usize {
     steps
         .iter()
         .filter(|s| s.entry.kind == EntryKind::Prefill)

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tlaloc_server::{AppState, ServerConfig, router};
 use tower::ServiceExt;
 
-use crate::fake::{Harness, harness, harness_failing, model_text, reference_ids};
+use crate::fake::{BLOCK_SIZE, Harness, harness, harness_failing, model_text, reference_ids};
 
 fn config() -> ServerConfig {
     ServerConfig::new("tiny")
@@ -598,6 +598,48 @@ async fn metrics_count_tokens_and_latencies_under_the_prefix() {
         value("tlaloc:request_success_total{finished_reason=\"length\"}"),
         1.0
     );
+}
+
+#[tokio::test]
+async fn metrics_count_prefix_cache_lookups_and_hit_tokens() {
+    let h = quick();
+    // 40 tokens: the second request finds the first two full blocks of 16 cached.
+    let prompt: Vec<u32> = (1..=40).collect();
+    for _ in 0..2 {
+        let (status, _) = call(
+            &h,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let response = send(&h, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    };
+    assert_eq!(value("tlaloc:prefix_cache_lookups_total"), 2.0);
+    assert_eq!(value("tlaloc:prefix_cache_lookup_hits_total"), 1.0);
+    assert_eq!(value("tlaloc:prefix_cache_queries_total"), 80.0);
+    assert_eq!(
+        value("tlaloc:prefix_cache_hits_total"),
+        2.0 * BLOCK_SIZE as f64
+    );
+    assert_eq!(value("tlaloc:prefix_cache_evictions_total"), 0.0);
+    assert!(value("tlaloc:kv_cache_pages_cached") >= 2.0);
+    assert_eq!(value("tlaloc:kv_cache_pages_used"), 0.0);
 }
 
 /// A failure inside the engine is a 500 with the error body before a response has started, and

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_runtime::{
-    CompileMode, DEFAULT_MAX_DECODE_CHAIN, Engine, EngineHandle, GenerateRequest, LoadOptions,
-    LoadTimings, SamplingParams, StepTimings, StopParams, TokenEvent,
+    CompileMode, DEFAULT_MAX_DECODE_CHAIN, Engine, EngineHandle, EngineOptions, GenerateRequest,
+    LoadOptions, LoadTimings, SamplingParams, StepTimings, StopParams, TokenEvent,
 };
 use tlaloc_server::ModelText;
 use tlaloc_server::chat::TemplateMessage;
@@ -48,6 +48,9 @@ pub struct EngineArgs {
     /// read (the engine runs fewer when a step is slow); 1 reads every step's tokens.
     #[arg(long, default_value_t = DEFAULT_MAX_DECODE_CHAIN)]
     pub max_decode_chain: usize,
+    /// Prefill every prompt whole instead of reusing the K/V of a cached prefix.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 impl EngineArgs {
@@ -71,7 +74,10 @@ impl EngineArgs {
 
     /// Starts the engine over the artifact.
     pub fn start(&self, compile: CompileMode) -> Result<EngineHandle> {
-        Engine::load(self.artifact.clone(), self.load_options(compile))
+        let engine = EngineOptions {
+            prefix_cache: !self.no_prefix_cache,
+        };
+        Engine::load_with_options(self.artifact.clone(), self.load_options(compile), engine)
             .with_context(|| format!("cannot load {} onto a device", self.artifact.display()))
     }
 }

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
-use tlaloc_runtime::{CompileMode, Engine, LoadOptions};
+use tlaloc_runtime::{CompileMode, Engine, EngineOptions, LoadOptions};
 use tlaloc_server::{AppState, ModelText, ServerConfig};
 
 /// Arguments of `tlaloc serve`.
@@ -65,6 +65,9 @@ pub struct ServeArgs {
     /// `.pub`); every file is then re-hashed too (as --verify), so the whole artifact is checked.
     #[arg(long, value_name = "PUBLIC_KEY_FILE")]
     require_signature: Option<PathBuf>,
+    /// Prefill every prompt whole instead of reusing the K/V of a cached prefix.
+    #[arg(long)]
+    no_prefix_cache: bool,
 }
 
 /// A positive, finite number of seconds (fractions allowed).
@@ -116,7 +119,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..LoadOptions::default()
     };
     let dir = artifact.root().to_owned();
-    let load = move || Engine::load(dir, options).map_err(|e| e.to_string());
+    let engine = EngineOptions {
+        prefix_cache: !args.no_prefix_cache,
+    };
+    let load = move || Engine::load_with_options(dir, options, engine).map_err(|e| e.to_string());
     tlaloc_server::run_blocking(&args.host, args.port, AppState::new(config, text), load)?;
     Ok(())
 }
