@@ -5,7 +5,8 @@
 # Works with any plugin (cpu, cuda, a path).
 # Usage: bash scripts/bench_startup.sh ARTIFACT PLUGIN [RUNS]
 # ARTIFACT is modified: `tlaloc compile` adds (or replaces) this plugin's executables in it.
-# TLALOC picks the binary (default target/release/tlaloc). Prints one line per run.
+# TLALOC picks the binary (default target/release/tlaloc). Prints one line per run; with
+# KEEP_JSON=DIR each run's whole bench JSON is kept there too.
 set -euo pipefail
 ARTIFACT=${1:?usage: bench_startup.sh ARTIFACT PLUGIN [RUNS]}
 PLUGIN=${2:?usage: bench_startup.sh ARTIFACT PLUGIN [RUNS]}
@@ -17,7 +18,12 @@ bench=("$TLALOC" bench --artifact "$ARTIFACT" --plugin "$PLUGIN" --batch 1 --pro
 CACHES=$(mktemp -d)
 trap 'rm -rf "$CACHES"' EXIT
 summary() {
-  python3 -c '
+  if [ -n "${KEEP_JSON:-}" ]; then
+    mkdir -p "$KEEP_JSON"
+    tee "$KEEP_JSON/$(echo "$1" | tr -c 'a-z0-9\n' '-').json"
+  else
+    cat
+  fi | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 l = d["load"]
