@@ -35,6 +35,8 @@ TINY_MODELS = [
     "tiny-llama-tied",
     "tiny-qwen2-bias",
     "tiny-qwen3-qknorm",
+    "tiny-mistral-window",
+    "tiny-gemma3",
     "tiny-llama3-rope",
     "tiny-llama-linear-rope",
 ]

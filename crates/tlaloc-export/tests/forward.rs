@@ -101,6 +101,75 @@ fn tiny_qwen3_qk_norm_matches_transformers() {
 }
 
 #[test]
+fn tiny_mistral_sliding_window_matches_transformers() {
+    check_tiny("tiny-mistral-window");
+}
+
+#[test]
+fn tiny_gemma3_matches_transformers() {
+    check_tiny("tiny-gemma3");
+}
+
+/// The window decides the Mistral fixture's logits: the same checkpoint with `sliding_window`
+/// removed from its config (full causal attention) misses the golden on every case whose
+/// prompt is longer than the window.
+#[test]
+fn tiny_mistral_without_its_window_misses_the_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture = support::fixture("tiny-mistral-window");
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = tmp.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["sliding_window"] = serde_json::Value::Null;
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let dir = export_to(
+        tmp.path(),
+        "forward-mistral-no-window",
+        Dtype::F32,
+        tiny_ladder(),
+    );
+    let window = 8;
+    for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
+        let mut runner = Runner::new(&dir, &plugin);
+        for case in goldens("tiny-mistral-window") {
+            let new_tokens = case.greedy_ids.len();
+            let (ids, logits) = runner.greedy(&[&case.prompt_ids], new_tokens).remove(0);
+            let err = max_relative_error(&logits, &case.prompt_last_logits);
+            eprintln!(
+                "no window, {} ({} prompt tokens) on {}: logits rel err {err:.2e}, ids {ids:?}",
+                case.name,
+                case.prompt_ids.len(),
+                plugin.display()
+            );
+            if case.prompt_ids.len() > window {
+                assert!(
+                    err > 100.0 * LOGITS_REL_TOL,
+                    "{}: full attention matches the windowed golden (rel err {err:e})",
+                    case.name
+                );
+            } else {
+                // The prompt fits in the window: its logits agree, and the chain parts from
+                // the golden's once the sequence outgrows the window.
+                assert!(err <= LOGITS_REL_TOL, "{}: rel err {err:e}", case.name);
+                assert_eq!(
+                    ids[..window - case.prompt_ids.len()],
+                    case.greedy_ids[..window - case.prompt_ids.len()]
+                );
+                assert_ne!(
+                    ids, case.greedy_ids,
+                    "{}: full attention reproduces the windowed chain",
+                    case.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn tiny_llama3_rope_matches_transformers() {
     check_tiny("tiny-llama3-rope");
 }

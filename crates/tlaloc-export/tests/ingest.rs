@@ -24,11 +24,11 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
     let hashes = golden["tensor_hashes"].as_object().expect("tensor_hashes");
     let mut bad = Vec::new();
     for (name, expected) in hashes {
-        let Some(role) = TensorRole::from_hf_name(name) else {
+        let Some(role) = TensorRole::from_hf_name_for(name, &checkpoint.config) else {
             bad.push(format!("{name}: no role for this golden tensor"));
             continue;
         };
-        let tensor = match checkpoint.tensor(role) {
+        let tensor = match checkpoint.stored_tensor(role) {
             Ok(t) => t,
             Err(e) => {
                 bad.push(format!("{name}: {e}"));
@@ -51,11 +51,9 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
         }
     }
     for role in checkpoint.roles() {
-        if !hashes.contains_key(&role.hf_name()) {
-            bad.push(format!(
-                "{}: read here but absent from the golden",
-                role.hf_name()
-            ));
+        let name = role.hf_name_for(&checkpoint.config);
+        if !hashes.contains_key(&name) {
+            bad.push(format!("{name}: read here but absent from the golden"));
         }
     }
     bad
@@ -440,9 +438,30 @@ fn config_refusals_name_the_field_and_value() {
             "yarn",
         ),
         (
-            "sliding window",
-            vec![mistral.clone(), ("sliding_window", Some(json!(16)))],
+            "zero sliding window",
+            vec![mistral.clone(), ("sliding_window", Some(json!(0)))],
             "sliding_window",
+        ),
+        (
+            "qwen2 sliding window",
+            vec![
+                ("architectures", Some(json!(["Qwen2ForCausalLM"]))),
+                ("use_sliding_window", Some(json!(true))),
+                ("sliding_window", Some(json!(16))),
+            ],
+            "use_sliding_window",
+        ),
+        (
+            "layer types disagree",
+            vec![
+                mistral.clone(),
+                ("sliding_window", Some(json!(16))),
+                (
+                    "layer_types",
+                    Some(json!(["full_attention", "sliding_attention"])),
+                ),
+            ],
+            "layer_types",
         ),
         (
             "activation",
@@ -467,7 +486,14 @@ fn config_refusals_name_the_field_and_value() {
         dir.path(),
         &[mistral, ("sliding_window", Some(Value::Null))],
     );
-    Checkpoint::open(dir.path()).expect("Mistral without a sliding window is accepted");
+    let c = Checkpoint::open(dir.path())
+        .expect("Mistral without a sliding window is accepted")
+        .config;
+    assert_eq!(c.layer_windows, tlaloc_export::LayerWindows::Full);
+    let c = Checkpoint::open(support::fixture("tiny-mistral-window"))
+        .unwrap()
+        .config;
+    assert_eq!(c.layer_windows, tlaloc_export::LayerWindows::All(8), "{c}");
 }
 
 #[test]
@@ -998,7 +1024,7 @@ fn survey_reports_architecture_and_types_and_the_verdict_export_would_give() {
 /// The Gemma 3 270M Q4_K_M file from PyPI (fetched by `scripts/setup.sh`): every one of its
 /// tensor types is read now (Q5_0 was refused before), so what is refused is the architecture.
 #[test]
-fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_the_architecture_by_name() {
+fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_its_tokenizer_by_name() {
     let path = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
     if !path.is_file() {
         eprintln!(
@@ -1015,8 +1041,34 @@ fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_the_architecture_by_name
         "{text}"
     );
     assert!(!text.contains("not supported)"), "{text}");
+    // The architecture is built; the SentencePiece vocabulary is what is refused, by name.
     match &survey.verdict {
-        Err(IngestError::UnsupportedArchitecture { found, .. }) => assert_eq!(found, "gemma3"),
-        other => panic!("expected the architecture refused, got {other:?}"),
+        Err(IngestError::Tokenizer { reason }) => {
+            assert!(reason.contains("tokenizer.ggml.model"), "{reason}")
+        }
+        other => panic!("expected the tokenizer refused, got {other:?}"),
     }
+    // Its config, as transformers' GGUF loader reads it: every sixth layer global, the rest
+    // sliding over 512 keys at RoPE base 10,000; 4 query heads and 1 KV head of 256.
+    let c = Checkpoint::open_gguf_token_ids_only(&path).unwrap().config;
+    assert_eq!(c.architecture, tlaloc_export::Architecture::Gemma3);
+    assert_eq!(
+        (c.num_hidden_layers, c.hidden_size, c.intermediate_size),
+        (18, 640, 2048)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (4, 1, 256)
+    );
+    let windows: Vec<Option<usize>> = (0..18).map(|i| c.layer_windows.window(i)).collect();
+    let global: Vec<usize> = (0..18).filter(|&i| windows[i].is_none()).collect();
+    assert_eq!(global, [5, 11, 17], "{c}");
+    assert!(windows.iter().flatten().all(|&w| w == 512), "{c}");
+    assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
+    assert!(c.tie_word_embeddings && c.qk_norm && c.sandwich_norms && c.scale_embedding);
+    // llama.cpp stored the norms with the 1 already added.
+    assert_eq!(c.norm_weight_offset, 0.0);
+    assert_eq!(c.activation, tlaloc_export::Activation::GeluTanh);
+    assert_eq!(c.attention_scale, 256f64.powf(-0.5));
+    assert_eq!(c.final_logit_softcap, None);
 }
