@@ -351,6 +351,48 @@ fn smollm2_f32_matches_transformers_and_bf16_agrees() {
     }
 }
 
+/// Gemma 3 270M (Q4_K_M, dequantized to f32) reproduces transformers' prompt logits and greedy
+/// ids on every golden case, the last of them a 633-token prompt that outgrows the 512-token
+/// window of its sliding layers. Its SentencePiece vocabulary is not rebuilt from the GGUF, so
+/// the artifact takes token ids.
+#[test]
+fn gemma3_270m_f32_matches_transformers() {
+    let checkpoint =
+        tlaloc_export::Checkpoint::open_gguf_token_ids_only(support::gemma3_gguf()).unwrap();
+    let out = support::scratch_dir("forward-gemma3-270m-f32");
+    let options = ExportOptions {
+        dtype: Dtype::F32,
+        ladder: LadderOptions::full_pool(1, 1024, 16, vec![128]),
+        force: false,
+    };
+    tlaloc_export::export_checkpoint(&checkpoint, &out, &options, &mut |_| {}).unwrap();
+    drop(checkpoint);
+    let cases = goldens("gemma-3-270m");
+    assert!(cases.last().unwrap().prompt_ids.len() > 512);
+    for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
+        let mut runner = Runner::new(&out, &plugin);
+        for case in &cases {
+            let n = case.greedy_ids.len();
+            let (ids, logits) = runner.greedy(&[&case.prompt_ids], n).remove(0);
+            let err = max_relative_error(&logits, &case.prompt_last_logits);
+            let steps = case.comparable_steps(MIN_MARGIN);
+            eprintln!(
+                "Gemma 3 270M {} ({} prompt tokens) on {}: logits rel err {err:.2e}, ids {ids:?} \
+                 (compared {steps})",
+                case.name,
+                case.prompt_ids.len(),
+                plugin.display()
+            );
+            assert!(
+                err <= LOGITS_REL_TOL,
+                "{}: prompt logits rel err {err:e} > {LOGITS_REL_TOL:e}",
+                case.name
+            );
+            assert_eq!(ids[..steps], case.greedy_ids[..steps], "{}", case.name);
+        }
+    }
+}
+
 /// bf16's unit roundoff: 8 significand bits, so round-to-nearest is off by at most 2^-8.
 const BF16_UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
 
