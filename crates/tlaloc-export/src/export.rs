@@ -206,7 +206,7 @@ pub fn export_checkpoint(
         padding: PaddingContract::CONTRACT,
         weights,
         tokenizer,
-        provenance: provenance(&checkpoint, options),
+        provenance: provenance(checkpoint, options),
     };
 
     let mut bodies = std::collections::BTreeMap::new();
