@@ -41,6 +41,7 @@ TINY_MODELS = [
     "tiny-qwen3-qknorm",
     "tiny-mistral-window",
     "tiny-gemma3",
+    "tiny-phi3-fused",
     "tiny-llama3-rope",
     "tiny-llama-linear-rope",
 ]

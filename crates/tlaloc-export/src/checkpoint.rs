@@ -143,9 +143,93 @@ const GEMMA_HF_NAMES: [(LayerRole, &str); 3] = [
     (LayerRole::PostMlpNorm, "post_feedforward_layernorm.weight"),
 ];
 
+/// Fused projections: the stored layer tensor whose rows are these roles' rows, one after the
+/// other (Hugging Face suffix, GGUF suffix).
+const FUSED: [(&str, &str, &[LayerRole]); 2] = [
+    (
+        "self_attn.qkv_proj.weight",
+        "attn_qkv.weight",
+        &[LayerRole::Q, LayerRole::K, LayerRole::V],
+    ),
+    (
+        "mlp.gate_up_proj.weight",
+        "ffn_up.weight",
+        &[LayerRole::Gate, LayerRole::Up],
+    ),
+];
+
+/// The roles a fused stored tensor holds, in row order, in a checkpoint with `c`'s layout
+/// (Phi-3 only: elsewhere `ffn_up` is the up projection alone).
+fn fused_roles(name: &str, gguf: bool, c: &ModelConfig) -> Option<(usize, &'static [LayerRole])> {
+    if c.architecture != crate::config::Architecture::Phi3 {
+        return None;
+    }
+    let rest = if gguf {
+        name.strip_prefix("blk.")?
+    } else {
+        name.strip_prefix("model.layers.")?
+    };
+    let (n, suffix) = rest.split_once('.')?;
+    let (_, _, roles) = FUSED
+        .iter()
+        .find(|(hf, g, _)| suffix == if gguf { *g } else { *hf })?;
+    Some((layer_index(n)?, roles))
+}
+
+/// One meta per role of the fused tensor `meta` (rows split by the config's sizes).
+fn split_fused(
+    meta: TensorMeta,
+    layer: usize,
+    roles: &[LayerRole],
+    c: &ModelConfig,
+    stored: &mut BTreeMap<TensorRole, TensorMeta>,
+) -> Result<()> {
+    let heights: Vec<usize> = roles
+        .iter()
+        .map(|&r| TensorRole::Layer(layer, r).expected_dims(c)[0])
+        .collect();
+    let total: usize = heights.iter().sum();
+    let cols = TensorRole::Layer(layer, roles[0]).expected_dims(c)[1];
+    if meta.dims != [total, cols] {
+        return Err(IngestError::ShapeMismatch {
+            tensor: meta.name,
+            expected: vec![total, cols],
+            found: meta.dims,
+        });
+    }
+    let mut start = 0;
+    for (&role, &height) in roles.iter().zip(&heights) {
+        stored.insert(
+            TensorRole::Layer(layer, role),
+            TensorMeta {
+                name: meta.name.clone(),
+                dtype: meta.dtype.clone(),
+                dims: vec![height, cols],
+                byte_len: meta.byte_len / total * height,
+                rows: Some((start, start + height)),
+            },
+        );
+        start += height;
+    }
+    Ok(())
+}
+
 impl TensorRole {
+    /// The roles a fused Hugging Face tensor (Phi-3's `qkv_proj`, `gate_up_proj`) holds in a
+    /// checkpoint with `c`'s layout, in row order.
+    pub fn fused_hf_roles(name: &str, c: &ModelConfig) -> Option<Vec<TensorRole>> {
+        let (n, roles) = fused_roles(name, false, c)?;
+        Some(roles.iter().map(|&r| TensorRole::Layer(n, r)).collect())
+    }
+
     /// The Hugging Face state-dict name of this role in a checkpoint with `c`'s layout.
     pub fn hf_name_for(self, c: &ModelConfig) -> String {
+        if let TensorRole::Layer(n, r) = self
+            && c.architecture == crate::config::Architecture::Phi3
+            && let Some((hf, _, _)) = FUSED.iter().find(|(_, _, roles)| roles.contains(&r))
+        {
+            return format!("model.layers.{n}.{hf}");
+        }
         if let TensorRole::Layer(n, r) = self
             && c.sandwich_norms
             && let Some((_, name)) = GEMMA_HF_NAMES.iter().find(|(role, _)| *role == r)
@@ -434,6 +518,28 @@ impl Tensor {
     pub fn to_f32(&self) -> Vec<f32> {
         self.data.to_f32()
     }
+
+    /// Rows `[start, end)` of the outermost dimension (a role's share of a fused tensor).
+    pub fn rows(self, name: &str, start: usize, end: usize) -> Result<Self> {
+        let height = self.dims.first().copied().unwrap_or(0);
+        if start > end || end > height {
+            return Err(IngestError::ShapeMismatch {
+                tensor: name.to_string(),
+                expected: vec![end],
+                found: self.dims,
+            });
+        }
+        let width: usize = self.dims[1..].iter().product();
+        let (a, b) = (start * width, end * width);
+        let data = match self.data {
+            TensorData::F32(v) => TensorData::F32(v[a..b].to_vec()),
+            TensorData::BF16(v) => TensorData::BF16(v[a..b].to_vec()),
+            TensorData::F16(v) => TensorData::F16(v[a..b].to_vec()),
+        };
+        let mut dims = self.dims;
+        dims[0] = end - start;
+        Ok(Self { dims, data })
+    }
 }
 
 /// The format a checkpoint came in.
@@ -476,8 +582,11 @@ pub struct TensorMeta {
     pub dtype: String,
     /// Dimensions in Hugging Face layout.
     pub dims: Vec<usize>,
-    /// Bytes stored in the checkpoint.
+    /// Bytes stored in the checkpoint (this role's share of a fused tensor).
     pub byte_len: usize,
+    /// The rows `[start, end)` of a fused stored tensor (Phi-3's `qkv_proj`, `gate_up_proj`)
+    /// that hold this role; `None` when the tensor is the role's alone.
+    pub rows: Option<(usize, usize)>,
 }
 
 #[derive(Debug)]
@@ -552,6 +661,17 @@ impl Checkpoint {
                     accepted: crate::safetensors::ACCEPTED_DTYPES,
                 });
             }
+            if let Some((n, roles)) = fused_roles(&e.name, false, &config) {
+                let meta = TensorMeta {
+                    name: e.name,
+                    dtype: e.dtype,
+                    dims: e.dims,
+                    byte_len: e.byte_len,
+                    rows: None,
+                };
+                split_fused(meta, n, roles, &config, &mut stored)?;
+                continue;
+            }
             match TensorRole::from_hf_name_for(&e.name, &config) {
                 Some(role) => {
                     stored.insert(
@@ -561,6 +681,7 @@ impl Checkpoint {
                             dtype: e.dtype,
                             dims: e.dims,
                             byte_len: e.byte_len,
+                            rows: None,
                         },
                     );
                 }
@@ -608,6 +729,17 @@ impl Checkpoint {
         let mut stored = BTreeMap::new();
         let mut unexpected = Vec::new();
         for info in gguf.tensor_infos() {
+            if let Some((n, roles)) = fused_roles(&info.name, true, &config) {
+                let meta = TensorMeta {
+                    name: info.name.clone(),
+                    dtype: info.ggml_type.name().to_string(),
+                    dims: info.hf_dims(),
+                    byte_len: info.byte_len,
+                    rows: None,
+                };
+                split_fused(meta, n, roles, &config, &mut stored)?;
+                continue;
+            }
             match TensorRole::from_gguf_name(&info.name) {
                 Some(role) => {
                     stored.insert(
@@ -617,6 +749,7 @@ impl Checkpoint {
                             dtype: info.ggml_type.name().to_string(),
                             dims: info.hf_dims(),
                             byte_len: info.byte_len,
+                            rows: None,
                         },
                     );
                 }
@@ -702,6 +835,10 @@ impl Checkpoint {
         let tensor = match &self.store {
             Store::Safetensors(s) => s.read(&meta.name)?,
             Store::Gguf(g) => g.read(&meta.name, resolved)?,
+        };
+        let tensor = match meta.rows {
+            Some((start, end)) => tensor.rows(&meta.name, start, end)?,
+            None => tensor,
         };
         if tensor.dims != meta.dims {
             return Err(IngestError::ShapeMismatch {

@@ -27,6 +27,9 @@ pub enum Architecture {
     /// GELU-tanh gating, the embedding scaled by sqrt(hidden), sliding-window layers with their
     /// own RoPE base, tied embeddings.
     Gemma3,
+    /// `Phi3ForCausalLM`: q/k/v stored as one `qkv_proj`, gate/up as one `gate_up_proj` (split
+    /// when read); a sliding window on every layer when `sliding_window` is set.
+    Phi3,
 }
 
 /// Which layers attend through a sliding window, and how wide it is. Kept as a rule rather
@@ -83,8 +86,8 @@ pub enum Activation {
 }
 
 /// The architecture names accepted in `config.json`.
-pub const ACCEPTED_ARCHITECTURES: &str =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM";
+pub const ACCEPTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, \
+     Phi3ForCausalLM";
 
 impl Architecture {
     /// Parses a Hugging Face `architectures[0]` name.
@@ -95,6 +98,7 @@ impl Architecture {
             "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "Qwen3ForCausalLM" => Ok(Self::Qwen3),
             "Gemma3ForCausalLM" => Ok(Self::Gemma3),
+            "Phi3ForCausalLM" => Ok(Self::Phi3),
             other => Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
                 accepted: ACCEPTED_ARCHITECTURES,
@@ -110,6 +114,7 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 }
@@ -298,6 +303,8 @@ pub struct HfConfig {
     pub rope_local_base_freq: Option<f64>,
     /// Gemma 3 (older configs): every `n`-th layer is global, the rest sliding.
     pub sliding_window_pattern: Option<usize>,
+    /// Phi-3 (transformers 4): the fraction of each head RoPE rotates (must be 1).
+    pub partial_rotary_factor: Option<f64>,
     /// Gemma 3 embedding models: bidirectional attention (not built).
     pub use_bidirectional_attention: Option<bool>,
     /// transformers-4 dtype name.
@@ -331,10 +338,11 @@ impl HfConfig {
                 "qwen2" => Architecture::Qwen2,
                 "qwen3" => Architecture::Qwen3,
                 "gemma3_text" => Architecture::Gemma3,
+                "phi3" => Architecture::Phi3,
                 other => {
                     return Err(IngestError::UnsupportedArchitecture {
                         found: other.to_string(),
-                        accepted: "model_type llama, mistral, qwen2, qwen3, gemma3_text",
+                        accepted: "model_type llama, mistral, qwen2, qwen3, gemma3_text, phi3",
                     });
                 }
             },
@@ -368,6 +376,15 @@ impl HfConfig {
                 "attn_logit_softcapping",
                 cap.to_string(),
                 "null (soft-capped attention scores are not built)",
+            ));
+        }
+        if let Some(factor) = self.partial_rotary_factor
+            && factor != 1.0
+        {
+            return Err(unsupported(
+                "partial_rotary_factor",
+                factor.to_string(),
+                "1.0 (RoPE over the whole head)",
             ));
         }
         if self.use_bidirectional_attention == Some(true) {
@@ -500,7 +517,7 @@ fn layer_windows(
 ) -> Result<LayerWindows> {
     let window = match architecture {
         Architecture::Llama | Architecture::Gemma3 => None,
-        Architecture::Mistral => sliding_window,
+        Architecture::Mistral | Architecture::Phi3 => sliding_window,
         Architecture::Qwen2 | Architecture::Qwen3 => {
             if use_sliding_window.unwrap_or(false)
                 && let Some(window) = sliding_window
@@ -729,9 +746,20 @@ fn parse_rope(
             ));
         }
     };
+    if let Some(factor) = map.get("partial_rotary_factor")
+        && factor.as_f64() != Some(1.0)
+    {
+        return Err(unsupported(
+            format!("{field}.partial_rotary_factor"),
+            factor.to_string(),
+            "1.0 (RoPE over the whole head)",
+        ));
+    }
     for key in map.keys() {
-        if !matches!(key.as_str(), "rope_type" | "type" | "rope_theta")
-            && !allowed.contains(&key.as_str())
+        if !matches!(
+            key.as_str(),
+            "rope_type" | "type" | "rope_theta" | "partial_rotary_factor"
+        ) && !allowed.contains(&key.as_str())
         {
             return Err(unsupported(
                 format!("{field}.{key}"),

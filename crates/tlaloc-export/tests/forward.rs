@@ -106,6 +106,11 @@ fn tiny_mistral_sliding_window_matches_transformers() {
 }
 
 #[test]
+fn tiny_phi3_fused_matches_transformers() {
+    check_tiny("tiny-phi3-fused");
+}
+
+#[test]
 fn tiny_gemma3_matches_transformers() {
     check_tiny("tiny-gemma3");
 }

@@ -24,6 +24,17 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
     let hashes = golden["tensor_hashes"].as_object().expect("tensor_hashes");
     let mut bad = Vec::new();
     for (name, expected) in hashes {
+        // A fused tensor (Phi-3) is its roles' rows one after the other.
+        if let Some(roles) = TensorRole::fused_hf_roles(name, &checkpoint.config) {
+            let mut values = Vec::new();
+            for role in roles {
+                values.extend(checkpoint.stored_tensor(role).unwrap().to_f32());
+            }
+            if f32_sha256(&values) != expected["sha256"].as_str().unwrap() {
+                bad.push(format!("{name}: fused rows differ from transformers'"));
+            }
+            continue;
+        }
         let Some(role) = TensorRole::from_hf_name_for(name, &checkpoint.config) else {
             bad.push(format!("{name}: no role for this golden tensor"));
             continue;
@@ -891,6 +902,144 @@ fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_p
             assert_eq!(names.len() + more, 9 * (u32::MAX as usize - 1));
         }
         other => panic!("expected MissingTensors, got {other}"),
+    }
+}
+
+/// Phi-3's fused projections are split when read: q, k and v are the rows of `qkv_proj`, gate
+/// and up the halves of `gate_up_proj`; LongRoPE and partial rotary embeddings are refused by
+/// name.
+#[test]
+fn phi3_fused_projections_split_and_longrope_is_refused() {
+    let phi3 = Checkpoint::open(support::fixture("tiny-phi3-fused")).unwrap();
+    let c = &phi3.config;
+    assert_eq!(c.architecture, tlaloc_export::Architecture::Phi3);
+    let q = phi3
+        .meta(TensorRole::Layer(0, tlaloc_export::LayerRole::Q))
+        .unwrap();
+    let v = phi3
+        .meta(TensorRole::Layer(0, tlaloc_export::LayerRole::V))
+        .unwrap();
+    let up = phi3
+        .meta(TensorRole::Layer(1, tlaloc_export::LayerRole::Up))
+        .unwrap();
+    assert_eq!(q.name, "model.layers.0.self_attn.qkv_proj.weight");
+    assert_eq!((q.rows, q.dims.clone()), (Some((0, 64)), vec![64, 64]));
+    assert_eq!((v.rows, v.dims.clone()), (Some((96, 128)), vec![32, 64]));
+    assert_eq!(
+        (up.rows, up.dims.clone()),
+        (Some((128, 256)), vec![128, 64])
+    );
+    for (rope, needle) in [
+        (
+            serde_json::json!({"rope_type": "longrope", "rope_theta": 10000.0,
+                "long_factor": [1.0], "short_factor": [1.0], "partial_rotary_factor": 1.0}),
+            "longrope",
+        ),
+        (
+            serde_json::json!({"rope_type": "default", "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75}),
+            "partial_rotary_factor",
+        ),
+    ] {
+        let tmp = copy_fixture("tiny-phi3-fused");
+        edit_config(tmp.path(), |c| {
+            c.insert("rope_parameters".into(), rope.clone());
+        });
+        let err = open_err(tmp.path());
+        assert!(err.to_string().contains(needle), "{needle}: {err}");
+    }
+    // A fused tensor of the wrong height is refused with the height the config implies.
+    let tmp = copy_fixture("tiny-phi3-fused");
+    edit_config(tmp.path(), |c| {
+        c.insert("num_key_value_heads".into(), Value::from(4));
+    });
+    let err = open_err(tmp.path());
+    assert!(
+        err.to_string()
+            .contains("model.layers.0.self_attn.qkv_proj.weight"),
+        "{err}"
+    );
+}
+
+/// The Phi-3 fixture rewritten as an f32 GGUF the way llama.cpp writes Phi-3 (`phi3.*` keys,
+/// fused `attn_qkv`, gate and up fused in `ffn_up`, no Q/K row permutation) reads back to the
+/// same config and tensors, bit for bit.
+#[test]
+fn phi3_as_gguf_reads_back_as_the_safetensors_fixture() {
+    use tlaloc_export::LayerRole;
+    let st = Checkpoint::open(support::fixture("tiny-phi3-fused")).unwrap();
+    let c = &st.config;
+    let mut w = GgufWriter::new("phi3");
+    for (k, v) in [
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("block_count", c.num_hidden_layers),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("rope.dimension_count", c.head_dim),
+        ("context_length", c.max_position_embeddings),
+    ] {
+        w.u32(&format!("phi3.{k}"), v as u32);
+    }
+    w.f32(
+        "phi3.attention.layer_norm_rms_epsilon",
+        c.rms_norm_eps as f32,
+    );
+    w.f32("phi3.rope.freq_base", c.rope_theta as f32);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    let f32_bytes = |roles: &[TensorRole]| -> (Vec<usize>, Vec<u8>) {
+        let mut dims: Vec<usize> = Vec::new();
+        let mut bytes = Vec::new();
+        for &role in roles {
+            let t = st.tensor(role).unwrap();
+            let height = dims.first().copied().unwrap_or(0);
+            dims = t.dims.clone();
+            dims[0] += height;
+            bytes.extend(t.to_f32().iter().flat_map(|v| v.to_le_bytes()));
+        }
+        (dims, bytes)
+    };
+    for role in st.roles() {
+        let fused: Option<(String, Vec<TensorRole>)> = match role {
+            TensorRole::Layer(n, LayerRole::Q) => Some((
+                format!("blk.{n}.attn_qkv.weight"),
+                [LayerRole::Q, LayerRole::K, LayerRole::V]
+                    .map(|r| TensorRole::Layer(n, r))
+                    .to_vec(),
+            )),
+            TensorRole::Layer(n, LayerRole::Gate) => Some((
+                format!("blk.{n}.ffn_up.weight"),
+                [LayerRole::Gate, LayerRole::Up]
+                    .map(|r| TensorRole::Layer(n, r))
+                    .to_vec(),
+            )),
+            TensorRole::Layer(_, LayerRole::K | LayerRole::V | LayerRole::Up) => continue,
+            _ => None,
+        };
+        let (name, roles) = fused.unwrap_or_else(|| (role.gguf_name(), vec![role]));
+        let (dims, bytes) = f32_bytes(&roles);
+        let ne: Vec<u64> = dims.iter().rev().map(|&d| d as u64).collect();
+        w.tensor(&name, &ne, 0, bytes);
+    }
+    let (_tmp, path) = write_gguf(&w.finish());
+    let gguf = Checkpoint::open(&path).unwrap();
+    let g = &gguf.config;
+    assert_eq!(g.architecture, tlaloc_export::Architecture::Phi3);
+    assert_eq!(
+        (g.head_dim, g.num_key_value_heads, g.intermediate_size),
+        (c.head_dim, c.num_key_value_heads, c.intermediate_size)
+    );
+    assert_eq!(gguf.roles(), st.roles());
+    for role in st.roles() {
+        assert_eq!(
+            gguf.tensor(role).unwrap(),
+            st.tensor(role).unwrap(),
+            "{role}: GGUF and safetensors differ"
+        );
     }
 }
 

@@ -229,10 +229,11 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3" => Architecture::Gemma3,
+        "phi3" => Architecture::Phi3,
         other => {
             return Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
-                accepted: "GGUF general.architecture llama, qwen2, qwen3, gemma3",
+                accepted: "GGUF general.architecture llama, qwen2, qwen3, gemma3, phi3",
             });
         }
     };
@@ -297,14 +298,25 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
     let gemma = architecture == Architecture::Gemma3;
     let num_hidden_layers = need_usize(h, &key("block_count"))?;
     let window = meta_usize(h, &key("attention.sliding_window"))?;
+    let phi3 = architecture == Architecture::Phi3;
     if let Some(window) = window
         && !gemma
+        && !phi3
     {
         return Err(unsupported(
             key("attention.sliding_window"),
             window.to_string(),
             "absent for GGUF architectures llama, qwen2 and qwen3 (a windowed Mistral is read \
              from its safetensors directory)",
+        ));
+    }
+    if let Some(rotated) = meta_usize(h, &key("rope.dimension_count"))?
+        && rotated != head_dim
+    {
+        return Err(unsupported(
+            key("rope.dimension_count"),
+            rotated.to_string(),
+            format!("the head width ({head_dim}): partial rotary embeddings are not built"),
         ));
     }
     if let Some(cap) = meta_f64(h, &key("attn_logit_softcapping"))? {
@@ -323,6 +335,9 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         let window = window
             .ok_or_else(|| unsupported(key("attention.sliding_window"), "missing", "an integer"))?;
         LayerWindows::Periodic { window, period: 6 }
+    } else if let Some(window) = window {
+        // Phi-3: every layer, as transformers' Phi3Attention.
+        LayerWindows::All(window)
     } else {
         LayerWindows::Full
     };
