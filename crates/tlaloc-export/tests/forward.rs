@@ -359,9 +359,10 @@ fn smollm2_f32_matches_transformers_and_bf16_agrees() {
 /// Gemma 3 270M (Q4_K_M, dequantized to f32) reproduces transformers' prompt logits and greedy
 /// ids on every golden case, the last of them a 633-token prompt that outgrows the 512-token
 /// window of its sliding layers. Its SentencePiece vocabulary is not rebuilt from the GGUF, so
-/// the artifact takes token ids.
+/// the artifact takes token ids. The bf16 export passes [`bf16_agreement`] against the same
+/// goldens.
 #[test]
-fn gemma3_270m_f32_matches_transformers() {
+fn gemma3_270m_f32_matches_transformers_and_bf16_agrees() {
     let checkpoint =
         tlaloc_export::Checkpoint::open_gguf_token_ids_only(support::gemma3_gguf()).unwrap();
     let out = support::scratch_dir("forward-gemma3-270m-f32");
@@ -371,6 +372,12 @@ fn gemma3_270m_f32_matches_transformers() {
         force: false,
     };
     tlaloc_export::export_checkpoint(&checkpoint, &out, &options, &mut |_| {}).unwrap();
+    let bf16_out = support::scratch_dir("forward-gemma3-270m-bf16");
+    let bf16_options = ExportOptions {
+        dtype: Dtype::Bf16,
+        ..options
+    };
+    tlaloc_export::export_checkpoint(&checkpoint, &bf16_out, &bf16_options, &mut |_| {}).unwrap();
     drop(checkpoint);
     let cases = goldens("gemma-3-270m");
     assert!(cases.last().unwrap().prompt_ids.len() > 512);
@@ -395,6 +402,10 @@ fn gemma3_270m_f32_matches_transformers() {
             );
             assert_eq!(ids[..steps], case.greedy_ids[..steps], "{}", case.name);
         }
+        let mut bf16_runner = Runner::new(&bf16_out, &plugin);
+        let report = bf16_agreement(&mut bf16_runner, &cases)
+            .unwrap_or_else(|e| panic!("Gemma 3 270M bf16 on {}: {e}", plugin.display()));
+        eprintln!("Gemma 3 270M bf16 on {}: {report}", plugin.display());
     }
 }
 
