@@ -905,6 +905,87 @@ fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_p
     }
 }
 
+/// Gemma 3's config as transformers 4 wrote it (`rope_theta`, `rope_local_base_freq`,
+/// `sliding_window_pattern`) reads to the same layout as transformers 5's per-layer-type form, and
+/// what is not built is refused by name.
+#[test]
+fn gemma3_configs_of_both_transformers_generations_and_their_refusals() {
+    use serde_json::json;
+    let c = Checkpoint::open(support::fixture("tiny-gemma3"))
+        .unwrap()
+        .config;
+    assert_eq!(
+        c.layer_windows,
+        tlaloc_export::LayerWindows::Listed(vec![Some(8), None, Some(8)])
+    );
+    assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
+    assert_eq!(c.attention_scale, 24f64.powf(-0.5));
+    assert_eq!(
+        (c.final_logit_softcap, c.norm_weight_offset),
+        (Some(30.0), 1.0)
+    );
+    let tmp = copy_fixture("tiny-gemma3");
+    edit_keys(
+        tmp.path(),
+        &[
+            ("rope_parameters", None),
+            ("layer_types", None),
+            ("rope_theta", Some(json!(500000.0))),
+            ("rope_local_base_freq", Some(json!(20000.0))),
+            ("sliding_window_pattern", Some(json!(3))),
+        ],
+    );
+    let old = Checkpoint::open(tmp.path()).unwrap().config;
+    let windows: Vec<_> = (0..3).map(|i| old.layer_windows.window(i)).collect();
+    assert_eq!(windows, [Some(8), Some(8), None]);
+    assert_eq!((old.rope_theta, old.local_rope_theta), (5e5, Some(2e4)));
+    for (what, edits, needle) in [
+        (
+            "attention soft cap",
+            vec![("attn_logit_softcapping", Some(json!(50.0)))],
+            "attn_logit_softcapping",
+        ),
+        (
+            "activation",
+            vec![("hidden_activation", Some(json!("gelu")))],
+            "hidden_activation",
+        ),
+        (
+            "bidirectional",
+            vec![("use_bidirectional_attention", Some(json!(true)))],
+            "use_bidirectional_attention",
+        ),
+        (
+            "scaled local rope",
+            vec![(
+                "rope_parameters",
+                Some(json!({
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+                })),
+            )],
+            "sliding_attention",
+        ),
+        (
+            "layer type",
+            vec![(
+                "layer_types",
+                Some(json!([
+                    "sliding_attention",
+                    "chunked_attention",
+                    "full_attention"
+                ])),
+            )],
+            "chunked_attention",
+        ),
+    ] {
+        let tmp = copy_fixture("tiny-gemma3");
+        edit_keys(tmp.path(), &edits);
+        let err = open_err(tmp.path());
+        assert!(err.to_string().contains(needle), "{what}: {err}");
+    }
+}
+
 /// Phi-3's fused projections are split when read: q, k and v are the rows of `qkv_proj`, gate
 /// and up the halves of `gate_up_proj`; LongRoPE and partial rotary embeddings are refused by
 /// name.
