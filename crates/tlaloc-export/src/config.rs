@@ -16,18 +16,78 @@ use crate::error::{IngestError, Result};
 pub enum Architecture {
     /// `LlamaForCausalLM`.
     Llama,
-    /// `MistralForCausalLM` (without a sliding window).
+    /// `MistralForCausalLM` (a sliding window on every layer when `sliding_window` is set).
     Mistral,
     /// `Qwen2ForCausalLM` (q/k/v projections carry biases).
     Qwen2,
     /// `Qwen3ForCausalLM` (per-head RMSNorm of q and k before RoPE; biases as
     /// `attention_bias` says).
     Qwen3,
+    /// `Gemma3ForCausalLM` (text): (1 + w) RMSNorms, four per layer, per-head q/k norms,
+    /// GELU-tanh gating, the embedding scaled by sqrt(hidden), sliding-window layers with their
+    /// own RoPE base, tied embeddings.
+    Gemma3,
+    /// `Phi3ForCausalLM`: q/k/v stored as one `qkv_proj`, gate/up as one `gate_up_proj` (split
+    /// when read); a sliding window on every layer when `sliding_window` is set.
+    Phi3,
+}
+
+/// Which layers attend through a sliding window, and how wide it is. Kept as a rule rather
+/// than a list where the config gives one, so a hostile layer count allocates nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerWindows {
+    /// Every layer attends to the whole causal prefix.
+    Full,
+    /// Every layer has this window (Mistral).
+    All(usize),
+    /// Layer `i` is global when `(i + 1) % period == 0` and windowed otherwise (Gemma 3's
+    /// `sliding_window_pattern`).
+    Periodic {
+        /// The window of the sliding layers.
+        window: usize,
+        /// Every `period`-th layer is global.
+        period: usize,
+    },
+    /// One entry per layer (`layer_types`).
+    Listed(Vec<Option<usize>>),
+}
+
+impl LayerWindows {
+    /// The window of `layer` (`None`: full causal attention).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match self {
+            Self::Full => None,
+            Self::All(w) => Some(*w),
+            Self::Periodic { window, period } => ((layer + 1) % period != 0).then_some(*window),
+            Self::Listed(list) => list.get(layer).copied().flatten(),
+        }
+    }
+
+    /// The distinct window widths, ascending.
+    pub fn widths(&self) -> Vec<usize> {
+        let mut widths: Vec<usize> = match self {
+            Self::Full => vec![],
+            Self::All(w) | Self::Periodic { window: w, .. } => vec![*w],
+            Self::Listed(list) => list.iter().flatten().copied().collect(),
+        };
+        widths.sort_unstable();
+        widths.dedup();
+        widths
+    }
+}
+
+/// The MLP's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up` (SwiGLU).
+    Silu,
+    /// `gelu_pytorch_tanh(gate) * up` (GeGLU with PyTorch's tanh approximation).
+    GeluTanh,
 }
 
 /// The architecture names accepted in `config.json`.
-pub const ACCEPTED_ARCHITECTURES: &str =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+pub const ACCEPTED_ARCHITECTURES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, \
+     Phi3ForCausalLM";
 
 impl Architecture {
     /// Parses a Hugging Face `architectures[0]` name.
@@ -37,6 +97,8 @@ impl Architecture {
             "MistralForCausalLM" => Ok(Self::Mistral),
             "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "Qwen3ForCausalLM" => Ok(Self::Qwen3),
+            "Gemma3ForCausalLM" => Ok(Self::Gemma3),
+            "Phi3ForCausalLM" => Ok(Self::Phi3),
             other => Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
                 accepted: ACCEPTED_ARCHITECTURES,
@@ -51,6 +113,8 @@ impl Architecture {
             Self::Mistral => "MistralForCausalLM",
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Phi3 => "Phi3ForCausalLM",
         }
     }
 }
@@ -125,6 +189,30 @@ pub struct ModelConfig {
     /// Each query and key head is RMS-normalized (one weight per head width for q, one for k)
     /// before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Per layer, the sliding attention window: `Some(w)` lets a query at position `p` see
+    /// only keys at positions above `p - w` (transformers' `sliding_window_overlay`); `None` is
+    /// full causal attention.
+    pub layer_windows: LayerWindows,
+    /// RoPE base of the sliding-window layers where it differs from `rope_theta` (Gemma 3's
+    /// `rope_local_base_freq`; always unscaled).
+    pub local_rope_theta: Option<f64>,
+    /// The MLP gate activation.
+    pub activation: Activation,
+    /// Gemma's layer: the attention output and the MLP output are each RMS-normalized before
+    /// their residual add (four norms per layer instead of two).
+    pub sandwich_norms: bool,
+    /// The embedding rows are multiplied by `sqrt(hidden_size)`, rounded to the embedding's
+    /// dtype (Gemma).
+    pub scale_embedding: bool,
+    /// What is added to every stored RMSNorm weight before use: 1 for Gemma's `(1 + w)` norms
+    /// as transformers stores them, 0 where the file holds the weight to multiply by (Llama,
+    /// and Gemma GGUF files, whose converter already added the 1).
+    pub norm_weight_offset: f32,
+    /// Attention scores are multiplied by this (`head_dim^-0.5`, or Gemma's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub attention_scale: f64,
+    /// Final logits become `cap * tanh(logits / cap)` (Gemma's `final_logit_softcapping`).
+    pub final_logit_softcap: Option<f64>,
     /// Beginning-of-sequence token, if the model has one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens (any of them stops generation).
@@ -199,8 +287,26 @@ pub struct HfConfig {
     pub sliding_window: Option<usize>,
     /// Qwen2's switch for the sliding window.
     pub use_sliding_window: Option<bool>,
-    /// Activation (must be `silu`).
+    /// transformers-5 per-layer attention kinds (`full_attention` / `sliding_attention`).
+    pub layer_types: Option<Vec<String>>,
+    /// Activation (must be `silu`; Gemma: `gelu_pytorch_tanh`).
     pub hidden_act: Option<String>,
+    /// Gemma's name for the activation.
+    pub hidden_activation: Option<String>,
+    /// Gemma 3: the attention scale is `query_pre_attn_scalar^-0.5`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 3: the final logits are soft-capped at this value.
+    pub final_logit_softcapping: Option<f64>,
+    /// Gemma 2/3: attention scores soft-capped at this value (not built).
+    pub attn_logit_softcapping: Option<f64>,
+    /// Gemma 3 (transformers 4): RoPE base of the sliding layers.
+    pub rope_local_base_freq: Option<f64>,
+    /// Gemma 3 (older configs): every `n`-th layer is global, the rest sliding.
+    pub sliding_window_pattern: Option<usize>,
+    /// Phi-3 (transformers 4): the fraction of each head RoPE rotates (must be 1).
+    pub partial_rotary_factor: Option<f64>,
+    /// Gemma 3 embedding models: bidirectional attention (not built).
+    pub use_bidirectional_attention: Option<bool>,
     /// transformers-4 dtype name.
     pub torch_dtype: Option<String>,
     /// transformers-5 dtype name.
@@ -231,10 +337,12 @@ impl HfConfig {
                 "mistral" => Architecture::Mistral,
                 "qwen2" => Architecture::Qwen2,
                 "qwen3" => Architecture::Qwen3,
+                "gemma3_text" => Architecture::Gemma3,
+                "phi3" => Architecture::Phi3,
                 other => {
                     return Err(IngestError::UnsupportedArchitecture {
                         found: other.to_string(),
-                        accepted: "model_type llama, mistral, qwen2, qwen3",
+                        accepted: "model_type llama, mistral, qwen2, qwen3, gemma3_text, phi3",
                     });
                 }
             },
@@ -245,10 +353,46 @@ impl HfConfig {
                 });
             }
         };
-        if let Some(act) = &self.hidden_act
-            && act != "silu"
+        let gemma = architecture == Architecture::Gemma3;
+        let activation = match (
+            gemma,
+            self.hidden_activation
+                .as_deref()
+                .or(self.hidden_act.as_deref()),
+        ) {
+            (false, None | Some("silu")) => Activation::Silu,
+            (true, None | Some("gelu_pytorch_tanh")) => Activation::GeluTanh,
+            (gemma, Some(act)) => {
+                let (field, accepted) = if gemma {
+                    ("hidden_activation", "\"gelu_pytorch_tanh\"")
+                } else {
+                    ("hidden_act", "\"silu\"")
+                };
+                return Err(unsupported(field, format!("{act:?}"), accepted));
+            }
+        };
+        if let Some(cap) = self.attn_logit_softcapping {
+            return Err(unsupported(
+                "attn_logit_softcapping",
+                cap.to_string(),
+                "null (soft-capped attention scores are not built)",
+            ));
+        }
+        if let Some(factor) = self.partial_rotary_factor
+            && factor != 1.0
         {
-            return Err(unsupported("hidden_act", format!("{act:?}"), "\"silu\""));
+            return Err(unsupported(
+                "partial_rotary_factor",
+                factor.to_string(),
+                "1.0 (RoPE over the whole head)",
+            ));
+        }
+        if self.use_bidirectional_attention == Some(true) {
+            return Err(unsupported(
+                "use_bidirectional_attention",
+                "true",
+                "false (a causal decoder)",
+            ));
         }
         let hidden_size = required(self.hidden_size, "hidden_size")?;
         let num_attention_heads = required(self.num_attention_heads, "num_attention_heads")?;
@@ -257,31 +401,51 @@ impl HfConfig {
             None if num_attention_heads > 0 => hidden_size / num_attention_heads,
             None => 0,
         };
-        let (rope_theta, rope_scaling) = parse_rope(
-            self.rope_theta,
-            self.rope_scaling.as_ref(),
-            self.rope_parameters.as_ref(),
-        )?;
+        let (rope_theta, rope_scaling, local_rope_theta) = if gemma {
+            gemma_rope(
+                self.rope_theta,
+                self.rope_local_base_freq,
+                self.rope_scaling.as_ref(),
+                self.rope_parameters.as_ref(),
+            )?
+        } else {
+            let (theta, scaling) = parse_rope(
+                self.rope_theta,
+                self.rope_scaling.as_ref(),
+                self.rope_parameters.as_ref(),
+            )?;
+            (theta, scaling, None)
+        };
         let max_position_embeddings =
             required(self.max_position_embeddings, "max_position_embeddings")?;
-        let window_enabled = match architecture {
-            Architecture::Llama => false,
-            Architecture::Mistral => true,
-            Architecture::Qwen2 | Architecture::Qwen3 => self.use_sliding_window.unwrap_or(false),
+        let num_hidden_layers = required(self.num_hidden_layers, "num_hidden_layers")?;
+        let layer_windows = if gemma {
+            gemma_layer_windows(
+                self.sliding_window,
+                self.sliding_window_pattern,
+                self.layer_types.as_deref(),
+                num_hidden_layers,
+            )?
+        } else {
+            layer_windows(
+                architecture,
+                self.sliding_window,
+                self.use_sliding_window,
+                self.layer_types.as_deref(),
+                num_hidden_layers,
+            )?
         };
-        if window_enabled
-            && let Some(window) = self.sliding_window
-            && window < max_position_embeddings
-        {
-            return Err(unsupported(
-                "sliding_window",
-                window.to_string(),
-                format!(
-                    "null or at least max_position_embeddings ({max_position_embeddings}); \
-                     sliding-window attention is not built"
-                ),
-            ));
-        }
+        let attention_scale = match (gemma, self.query_pre_attn_scalar) {
+            (true, Some(scalar)) if scalar.is_finite() && scalar > 0.0 => scalar.powf(-0.5),
+            (true, Some(scalar)) => {
+                return Err(unsupported(
+                    "query_pre_attn_scalar",
+                    scalar.to_string(),
+                    "a positive number",
+                ));
+            }
+            _ => (head_dim as f64).powf(-0.5),
+        };
         let attention_bias = self.attention_bias.unwrap_or(false);
         let (qkv_bias, o_bias) = match architecture {
             Architecture::Qwen2 => (true, false),
@@ -304,7 +468,7 @@ impl HfConfig {
             architecture,
             hidden_size,
             intermediate_size: required(self.intermediate_size, "intermediate_size")?,
-            num_hidden_layers: required(self.num_hidden_layers, "num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: self.num_key_value_heads.unwrap_or(num_attention_heads),
             head_dim,
@@ -312,11 +476,20 @@ impl HfConfig {
             rms_norm_eps: required(self.rms_norm_eps, "rms_norm_eps")?,
             rope_theta,
             rope_scaling,
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            // Gemma's configs tie by default (transformers' Gemma3TextConfig).
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(gemma),
             qkv_bias,
             o_bias,
             mlp_bias: self.mlp_bias.unwrap_or(false),
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            layer_windows,
+            local_rope_theta,
+            activation,
+            sandwich_norms: gemma,
+            scale_embedding: gemma,
+            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            attention_scale,
+            final_logit_softcap: self.final_logit_softcapping,
             bos_token_id: self
                 .bos_token_id
                 .and_then(|ids| ids.into_vec().first().copied()),
@@ -329,6 +502,172 @@ impl HfConfig {
         }
         .checked()
     }
+}
+
+/// The per-layer windows `config.json` asks for. Mistral windows every layer when
+/// `sliding_window` is set (transformers' `MistralAttention`); Qwen2/Qwen3 windows are refused
+/// while `use_sliding_window` is on (their `max_window_layers` split is not built); an explicit
+/// `layer_types` list must agree with that.
+fn layer_windows(
+    architecture: Architecture,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    layer_types: Option<&[String]>,
+    layers: usize,
+) -> Result<LayerWindows> {
+    let window = match architecture {
+        Architecture::Llama | Architecture::Gemma3 => None,
+        Architecture::Mistral | Architecture::Phi3 => sliding_window,
+        Architecture::Qwen2 | Architecture::Qwen3 => {
+            if use_sliding_window.unwrap_or(false)
+                && let Some(window) = sliding_window
+            {
+                return Err(unsupported(
+                    "use_sliding_window",
+                    format!("true (sliding_window {window})"),
+                    "false; Qwen sliding windows (max_window_layers) are not built, Mistral's \
+                     and Gemma 3's are",
+                ));
+            }
+            None
+        }
+    };
+    if window == Some(0) {
+        return Err(unsupported(
+            "sliding_window",
+            "0",
+            "a positive integer or null",
+        ));
+    }
+    let implied = if window.is_some() {
+        "sliding_attention"
+    } else {
+        "full_attention"
+    };
+    if let Some(types) = layer_types
+        && (types.len() != layers || types.iter().any(|t| t != implied))
+    {
+        return Err(unsupported(
+            "layer_types",
+            format!("{types:?}"),
+            format!(
+                "{implied:?} on every layer ({layers}) for {}",
+                architecture.hf_name()
+            ),
+        ));
+    }
+    Ok(match window {
+        Some(w) => LayerWindows::All(w),
+        None => LayerWindows::Full,
+    })
+}
+
+/// Gemma 3's per-layer windows: `layer_types` where the config lists them, else every
+/// `sliding_window_pattern`-th layer (default 6, transformers' `Gemma3TextConfig`) global and
+/// the rest sliding with `sliding_window`.
+fn gemma_layer_windows(
+    sliding_window: Option<usize>,
+    pattern: Option<usize>,
+    layer_types: Option<&[String]>,
+    layers: usize,
+) -> Result<LayerWindows> {
+    // transformers' Gemma3TextConfig default.
+    let window = sliding_window.unwrap_or(4096);
+    if window == 0 {
+        return Err(unsupported("sliding_window", "0", "a positive integer"));
+    }
+    match layer_types {
+        Some(types) => {
+            if types.len() != layers {
+                return Err(unsupported(
+                    "layer_types",
+                    format!("{} entries", types.len()),
+                    format!("one per layer ({layers})"),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "sliding_attention" => Ok(Some(window)),
+                    "full_attention" => Ok(None),
+                    other => Err(unsupported(
+                        "layer_types",
+                        format!("{other:?}"),
+                        "\"sliding_attention\" or \"full_attention\"",
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(LayerWindows::Listed)
+        }
+        None => {
+            let pattern = pattern.unwrap_or(6);
+            if pattern == 0 {
+                return Err(unsupported(
+                    "sliding_window_pattern",
+                    "0",
+                    "a positive integer",
+                ));
+            }
+            Ok(LayerWindows::Periodic {
+                window,
+                period: pattern,
+            })
+        }
+    }
+}
+
+/// Gemma 3's two RoPEs: the global layers' (`rope_parameters.full_attention`, or
+/// `rope_theta` + `rope_scaling`, base 1,000,000 by default) and the sliding layers'
+/// (`rope_parameters.sliding_attention` or `rope_local_base_freq`, base 10,000 by default,
+/// unscaled), as transformers' `Gemma3TextConfig` reads them.
+fn gemma_rope(
+    theta: Option<f64>,
+    local_theta: Option<f64>,
+    scaling: Option<&Value>,
+    parameters: Option<&Value>,
+) -> Result<(f64, RopeScaling, Option<f64>)> {
+    const GLOBAL: f64 = 1_000_000.0;
+    const LOCAL: f64 = 10_000.0;
+    let per_type = parameters
+        .and_then(Value::as_object)
+        .filter(|m| m.contains_key("full_attention") || m.contains_key("sliding_attention"));
+    let (global, local) = match per_type {
+        Some(map) => {
+            let global = match map.get("full_attention") {
+                Some(p) => {
+                    let (t, s) = parse_rope(None, None, Some(p))?;
+                    let explicit = p.get("rope_theta").is_some();
+                    (if explicit { t } else { theta.unwrap_or(GLOBAL) }, s)
+                }
+                None => (theta.unwrap_or(GLOBAL), RopeScaling::None),
+            };
+            let local = match map.get("sliding_attention") {
+                Some(p) => {
+                    let (t, s) = parse_rope(None, None, Some(p))?;
+                    if s != RopeScaling::None {
+                        return Err(unsupported(
+                            "rope_parameters.sliding_attention.rope_type",
+                            format!("{s:?}"),
+                            "\"default\" (the sliding layers' RoPE is unscaled)",
+                        ));
+                    }
+                    let explicit = p.get("rope_theta").is_some();
+                    if explicit {
+                        t
+                    } else {
+                        local_theta.unwrap_or(LOCAL)
+                    }
+                }
+                None => local_theta.unwrap_or(LOCAL),
+            };
+            (global, local)
+        }
+        None => {
+            let (t, s) = parse_rope(Some(theta.unwrap_or(GLOBAL)), scaling, parameters)?;
+            ((t, s), local_theta.unwrap_or(LOCAL))
+        }
+    };
+    Ok((global.0, global.1, Some(local)))
 }
 
 fn required<T>(value: Option<T>, field: &'static str) -> Result<T> {
@@ -407,9 +746,20 @@ fn parse_rope(
             ));
         }
     };
+    if let Some(factor) = map.get("partial_rotary_factor")
+        && factor.as_f64() != Some(1.0)
+    {
+        return Err(unsupported(
+            format!("{field}.partial_rotary_factor"),
+            factor.to_string(),
+            "1.0 (RoPE over the whole head)",
+        ));
+    }
     for key in map.keys() {
-        if !matches!(key.as_str(), "rope_type" | "type" | "rope_theta")
-            && !allowed.contains(&key.as_str())
+        if !matches!(
+            key.as_str(),
+            "rope_type" | "type" | "rope_theta" | "partial_rotary_factor"
+        ) && !allowed.contains(&key.as_str())
         {
             return Err(unsupported(
                 format!("{field}.{key}"),
@@ -551,6 +901,41 @@ impl ModelConfig {
                 "finite factors with high_freq_factor > low_freq_factor",
             ));
         }
+        match &self.layer_windows {
+            LayerWindows::Listed(list) if list.len() != self.num_hidden_layers => {
+                return Err(unsupported(
+                    "layer windows",
+                    format!("{} entries", list.len()),
+                    format!("one per layer ({})", self.num_hidden_layers),
+                ));
+            }
+            LayerWindows::Periodic { period: 0, .. } => {
+                return Err(unsupported(
+                    "sliding window period",
+                    "0",
+                    "a positive integer",
+                ));
+            }
+            _ => {}
+        }
+        if self.layer_windows.widths().first() == Some(&0) {
+            return Err(unsupported("sliding_window", "0", "a positive integer"));
+        }
+        for (field, value) in [
+            ("local rope theta", self.local_rope_theta),
+            ("final_logit_softcapping", self.final_logit_softcap),
+            ("attention scale", Some(self.attention_scale)),
+        ] {
+            if let Some(v) = value
+                && !(v.is_finite() && v > 0.0)
+            {
+                return Err(unsupported(
+                    field,
+                    v.to_string(),
+                    "a positive finite number",
+                ));
+            }
+        }
         for &id in self.bos_token_id.iter().chain(&self.eos_token_ids) {
             if id as usize >= self.vocab_size {
                 return Err(unsupported(
@@ -596,6 +981,16 @@ impl fmt::Display for ModelConfig {
             self.qkv_bias, self.o_bias, self.mlp_bias
         )?;
         writeln!(f, "qk_norm                 {}", self.qk_norm)?;
+        writeln!(f, "layer_windows           {:?}", self.layer_windows)?;
+        writeln!(f, "local_rope_theta        {:?}", self.local_rope_theta)?;
+        writeln!(f, "activation              {:?}", self.activation)?;
+        writeln!(
+            f,
+            "gemma layout            sandwich norms {}, scaled embedding {}, norm offset {}",
+            self.sandwich_norms, self.scale_embedding, self.norm_weight_offset
+        )?;
+        writeln!(f, "attention_scale         {}", self.attention_scale)?;
+        writeln!(f, "final_logit_softcap     {:?}", self.final_logit_softcap)?;
         writeln!(f, "bos_token_id            {:?}", self.bos_token_id)?;
         writeln!(f, "eos_token_ids           {:?}", self.eos_token_ids)?;
         writeln!(

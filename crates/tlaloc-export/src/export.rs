@@ -104,8 +104,22 @@ pub fn export(
     if !matches!(options.dtype, Dtype::F32 | Dtype::Bf16) {
         return Err(ExportError::UnsupportedDtype(options.dtype));
     }
-    let ladder = options.ladder.ladder()?;
+    options.ladder.ladder()?;
     let checkpoint = Checkpoint::open(checkpoint)?;
+    export_checkpoint(&checkpoint, out, options, progress)
+}
+
+/// Exports an already opened checkpoint into the artifact directory `out`.
+pub fn export_checkpoint(
+    checkpoint: &Checkpoint,
+    out: impl AsRef<Path>,
+    options: &ExportOptions,
+    progress: &mut dyn FnMut(ExportProgress),
+) -> Result<ExportSummary, ExportError> {
+    if !matches!(options.dtype, Dtype::F32 | Dtype::Bf16) {
+        return Err(ExportError::UnsupportedDtype(options.dtype));
+    }
+    let ladder = options.ladder.ladder()?;
     let config = &checkpoint.config;
     let plan = WeightPlan::new(config, options.dtype, ladder.max_context);
     let model = artifact_model(config);
@@ -147,6 +161,20 @@ pub fn export(
             }
             SlotSource::RopeCos => rope.0.clone(),
             SlotSource::RopeSin => rope.1.clone(),
+            SlotSource::LocalRopeCos | SlotSource::LocalRopeSin => {
+                let theta = config.local_rope_theta.unwrap_or(config.rope_theta);
+                let (cos, sin) = graph::rope::tables(
+                    theta,
+                    config.head_dim,
+                    &crate::config::RopeScaling::None,
+                    plan.rope_positions,
+                );
+                if slot.source == SlotSource::LocalRopeCos {
+                    cos
+                } else {
+                    sin
+                }
+            }
         };
         let bytes = encode(&values, slot.dtype)?;
         let row = writer.write_weight(index, &slot.name, slot.dtype, &slot.dims, &bytes)?;
@@ -178,7 +206,7 @@ pub fn export(
         padding: PaddingContract::CONTRACT,
         weights,
         tokenizer,
-        provenance: provenance(&checkpoint, options),
+        provenance: provenance(checkpoint, options),
         executables: Vec::new(),
     };
 

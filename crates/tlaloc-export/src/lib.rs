@@ -23,8 +23,10 @@ pub use checkpoint::{
     Checkpoint, LayerRole, SourceFile, SourceInfo, SourceKind, Tensor, TensorData, TensorMeta,
     TensorRole, describe,
 };
-pub use config::{Architecture, HfConfig, ModelConfig, RopeScaling};
+pub use config::{Activation, Architecture, HfConfig, LayerWindows, ModelConfig, RopeScaling};
 pub use error::{IngestError, Result};
-pub use export::{ExportError, ExportOptions, ExportProgress, ExportSummary, export};
+pub use export::{
+    ExportError, ExportOptions, ExportProgress, ExportSummary, export, export_checkpoint,
+};
 pub use survey::{Survey, TypeCount};
 pub use tokenizer::TokenizerFiles;

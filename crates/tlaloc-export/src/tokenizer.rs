@@ -92,6 +92,17 @@ impl TokenizerFiles {
         config.get("chat_template")?.as_str().map(str::to_string)
     }
 
+    /// No tokenizer: an artifact that takes and returns token ids only, with the
+    /// `generation_config.json` written from the model config.
+    pub fn token_ids_only(config: &ModelConfig) -> Self {
+        Self {
+            tokenizer_json: None,
+            tokenizer_config_json: to_json_bytes(&Value::Object(Map::new())),
+            generation_config_json: generation_config(config, None),
+            source_file_names: Vec::new(),
+        }
+    }
+
     /// Reads the files beside a Hugging Face checkpoint. A `tokenizer.json` that is present must
     /// load; a missing `tokenizer_config.json` or `generation_config.json` is written from the
     /// model config.

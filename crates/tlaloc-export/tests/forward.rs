@@ -101,6 +101,80 @@ fn tiny_qwen3_qk_norm_matches_transformers() {
 }
 
 #[test]
+fn tiny_mistral_sliding_window_matches_transformers() {
+    check_tiny("tiny-mistral-window");
+}
+
+#[test]
+fn tiny_phi3_fused_matches_transformers() {
+    check_tiny("tiny-phi3-fused");
+}
+
+#[test]
+fn tiny_gemma3_matches_transformers() {
+    check_tiny("tiny-gemma3");
+}
+
+/// The window decides the Mistral fixture's logits: the same checkpoint with `sliding_window`
+/// removed from its config (full causal attention) misses the golden on every case whose
+/// prompt is longer than the window.
+#[test]
+fn tiny_mistral_without_its_window_misses_the_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixture = support::fixture("tiny-mistral-window");
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = tmp.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["sliding_window"] = serde_json::Value::Null;
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let dir = export_to(
+        tmp.path(),
+        "forward-mistral-no-window",
+        Dtype::F32,
+        tiny_ladder(),
+    );
+    let window = 8;
+    for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
+        let mut runner = Runner::new(&dir, &plugin);
+        for case in goldens("tiny-mistral-window") {
+            let new_tokens = case.greedy_ids.len();
+            let (ids, logits) = runner.greedy(&[&case.prompt_ids], new_tokens).remove(0);
+            let err = max_relative_error(&logits, &case.prompt_last_logits);
+            eprintln!(
+                "no window, {} ({} prompt tokens) on {}: logits rel err {err:.2e}, ids {ids:?}",
+                case.name,
+                case.prompt_ids.len(),
+                plugin.display()
+            );
+            if case.prompt_ids.len() > window {
+                assert!(
+                    err > 100.0 * LOGITS_REL_TOL,
+                    "{}: full attention matches the windowed golden (rel err {err:e})",
+                    case.name
+                );
+            } else {
+                // The prompt fits in the window: its logits agree, and the chain parts from
+                // the golden's once the sequence outgrows the window.
+                assert!(err <= LOGITS_REL_TOL, "{}: rel err {err:e}", case.name);
+                assert_eq!(
+                    ids[..window - case.prompt_ids.len()],
+                    case.greedy_ids[..window - case.prompt_ids.len()]
+                );
+                assert_ne!(
+                    ids, case.greedy_ids,
+                    "{}: full attention reproduces the windowed chain",
+                    case.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn tiny_llama3_rope_matches_transformers() {
     check_tiny("tiny-llama3-rope");
 }
@@ -279,6 +353,59 @@ fn smollm2_f32_matches_transformers_and_bf16_agrees() {
         {
             eprintln!("compile {name} on {}: {t:.2?}", plugin.display());
         }
+    }
+}
+
+/// Gemma 3 270M (Q4_K_M, dequantized to f32) reproduces transformers' prompt logits and greedy
+/// ids on every golden case, the last of them a 633-token prompt that outgrows the 512-token
+/// window of its sliding layers. Its SentencePiece vocabulary is not rebuilt from the GGUF, so
+/// the artifact takes token ids. The bf16 export passes [`bf16_agreement`] against the same
+/// goldens.
+#[test]
+fn gemma3_270m_f32_matches_transformers_and_bf16_agrees() {
+    let checkpoint =
+        tlaloc_export::Checkpoint::open_gguf_token_ids_only(support::gemma3_gguf()).unwrap();
+    let out = support::scratch_dir("forward-gemma3-270m-f32");
+    let options = ExportOptions {
+        dtype: Dtype::F32,
+        ladder: LadderOptions::full_pool(1, 1024, 16, vec![128]),
+        force: false,
+    };
+    tlaloc_export::export_checkpoint(&checkpoint, &out, &options, &mut |_| {}).unwrap();
+    let bf16_out = support::scratch_dir("forward-gemma3-270m-bf16");
+    let bf16_options = ExportOptions {
+        dtype: Dtype::Bf16,
+        ..options
+    };
+    tlaloc_export::export_checkpoint(&checkpoint, &bf16_out, &bf16_options, &mut |_| {}).unwrap();
+    drop(checkpoint);
+    let cases = goldens("gemma-3-270m");
+    assert!(cases.last().unwrap().prompt_ids.len() > 512);
+    for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
+        let mut runner = Runner::new(&out, &plugin);
+        for case in &cases {
+            let n = case.greedy_ids.len();
+            let (ids, logits) = runner.greedy(&[&case.prompt_ids], n).remove(0);
+            let err = max_relative_error(&logits, &case.prompt_last_logits);
+            let steps = case.comparable_steps(MIN_MARGIN);
+            eprintln!(
+                "Gemma 3 270M {} ({} prompt tokens) on {}: logits rel err {err:.2e}, ids {ids:?} \
+                 (compared {steps})",
+                case.name,
+                case.prompt_ids.len(),
+                plugin.display()
+            );
+            assert!(
+                err <= LOGITS_REL_TOL,
+                "{}: prompt logits rel err {err:e} > {LOGITS_REL_TOL:e}",
+                case.name
+            );
+            assert_eq!(ids[..steps], case.greedy_ids[..steps], "{}", case.name);
+        }
+        let mut bf16_runner = Runner::new(&bf16_out, &plugin);
+        let report = bf16_agreement(&mut bf16_runner, &cases)
+            .unwrap_or_else(|e| panic!("Gemma 3 270M bf16 on {}: {e}", plugin.display()));
+        eprintln!("Gemma 3 270M bf16 on {}: {report}", plugin.display());
     }
 }
 

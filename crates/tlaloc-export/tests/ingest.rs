@@ -24,11 +24,22 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
     let hashes = golden["tensor_hashes"].as_object().expect("tensor_hashes");
     let mut bad = Vec::new();
     for (name, expected) in hashes {
-        let Some(role) = TensorRole::from_hf_name(name) else {
+        // A fused tensor (Phi-3) is its roles' rows one after the other.
+        if let Some(roles) = TensorRole::fused_hf_roles(name, &checkpoint.config) {
+            let mut values = Vec::new();
+            for role in roles {
+                values.extend(checkpoint.stored_tensor(role).unwrap().to_f32());
+            }
+            if f32_sha256(&values) != expected["sha256"].as_str().unwrap() {
+                bad.push(format!("{name}: fused rows differ from transformers'"));
+            }
+            continue;
+        }
+        let Some(role) = TensorRole::from_hf_name_for(name, &checkpoint.config) else {
             bad.push(format!("{name}: no role for this golden tensor"));
             continue;
         };
-        let tensor = match checkpoint.tensor(role) {
+        let tensor = match checkpoint.stored_tensor(role) {
             Ok(t) => t,
             Err(e) => {
                 bad.push(format!("{name}: {e}"));
@@ -51,11 +62,9 @@ fn hash_mismatches(checkpoint: &Checkpoint, golden: &Value) -> Vec<String> {
         }
     }
     for role in checkpoint.roles() {
-        if !hashes.contains_key(&role.hf_name()) {
-            bad.push(format!(
-                "{}: read here but absent from the golden",
-                role.hf_name()
-            ));
+        let name = role.hf_name_for(&checkpoint.config);
+        if !hashes.contains_key(&name) {
+            bad.push(format!("{name}: read here but absent from the golden"));
         }
     }
     bad
@@ -440,9 +449,30 @@ fn config_refusals_name_the_field_and_value() {
             "yarn",
         ),
         (
-            "sliding window",
-            vec![mistral.clone(), ("sliding_window", Some(json!(16)))],
+            "zero sliding window",
+            vec![mistral.clone(), ("sliding_window", Some(json!(0)))],
             "sliding_window",
+        ),
+        (
+            "qwen2 sliding window",
+            vec![
+                ("architectures", Some(json!(["Qwen2ForCausalLM"]))),
+                ("use_sliding_window", Some(json!(true))),
+                ("sliding_window", Some(json!(16))),
+            ],
+            "use_sliding_window",
+        ),
+        (
+            "layer types disagree",
+            vec![
+                mistral.clone(),
+                ("sliding_window", Some(json!(16))),
+                (
+                    "layer_types",
+                    Some(json!(["full_attention", "sliding_attention"])),
+                ),
+            ],
+            "layer_types",
         ),
         (
             "activation",
@@ -467,7 +497,14 @@ fn config_refusals_name_the_field_and_value() {
         dir.path(),
         &[mistral, ("sliding_window", Some(Value::Null))],
     );
-    Checkpoint::open(dir.path()).expect("Mistral without a sliding window is accepted");
+    let c = Checkpoint::open(dir.path())
+        .expect("Mistral without a sliding window is accepted")
+        .config;
+    assert_eq!(c.layer_windows, tlaloc_export::LayerWindows::Full);
+    let c = Checkpoint::open(support::fixture("tiny-mistral-window"))
+        .unwrap()
+        .config;
+    assert_eq!(c.layer_windows, tlaloc_export::LayerWindows::All(8), "{c}");
 }
 
 #[test]
@@ -868,6 +905,225 @@ fn a_config_with_more_layers_than_the_file_holds_is_refused_without_allocating_p
     }
 }
 
+/// Gemma 3's config as transformers 4 wrote it (`rope_theta`, `rope_local_base_freq`,
+/// `sliding_window_pattern`) reads to the same layout as transformers 5's per-layer-type form, and
+/// what is not built is refused by name.
+#[test]
+fn gemma3_configs_of_both_transformers_generations_and_their_refusals() {
+    use serde_json::json;
+    let c = Checkpoint::open(support::fixture("tiny-gemma3"))
+        .unwrap()
+        .config;
+    assert_eq!(
+        c.layer_windows,
+        tlaloc_export::LayerWindows::Listed(vec![Some(8), None, Some(8)])
+    );
+    assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
+    assert_eq!(c.attention_scale, 24f64.powf(-0.5));
+    assert_eq!(
+        (c.final_logit_softcap, c.norm_weight_offset),
+        (Some(30.0), 1.0)
+    );
+    let tmp = copy_fixture("tiny-gemma3");
+    edit_keys(
+        tmp.path(),
+        &[
+            ("rope_parameters", None),
+            ("layer_types", None),
+            ("rope_theta", Some(json!(500000.0))),
+            ("rope_local_base_freq", Some(json!(20000.0))),
+            ("sliding_window_pattern", Some(json!(3))),
+        ],
+    );
+    let old = Checkpoint::open(tmp.path()).unwrap().config;
+    let windows: Vec<_> = (0..3).map(|i| old.layer_windows.window(i)).collect();
+    assert_eq!(windows, [Some(8), Some(8), None]);
+    assert_eq!((old.rope_theta, old.local_rope_theta), (5e5, Some(2e4)));
+    for (what, edits, needle) in [
+        (
+            "attention soft cap",
+            vec![("attn_logit_softcapping", Some(json!(50.0)))],
+            "attn_logit_softcapping",
+        ),
+        (
+            "activation",
+            vec![("hidden_activation", Some(json!("gelu")))],
+            "hidden_activation",
+        ),
+        (
+            "bidirectional",
+            vec![("use_bidirectional_attention", Some(json!(true)))],
+            "use_bidirectional_attention",
+        ),
+        (
+            "scaled local rope",
+            vec![(
+                "rope_parameters",
+                Some(json!({
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+                })),
+            )],
+            "sliding_attention",
+        ),
+        (
+            "layer type",
+            vec![(
+                "layer_types",
+                Some(json!([
+                    "sliding_attention",
+                    "chunked_attention",
+                    "full_attention"
+                ])),
+            )],
+            "chunked_attention",
+        ),
+    ] {
+        let tmp = copy_fixture("tiny-gemma3");
+        edit_keys(tmp.path(), &edits);
+        let err = open_err(tmp.path());
+        assert!(err.to_string().contains(needle), "{what}: {err}");
+    }
+}
+
+/// Phi-3's fused projections are split when read: q, k and v are the rows of `qkv_proj`, gate
+/// and up the halves of `gate_up_proj`; LongRoPE and partial rotary embeddings are refused by
+/// name.
+#[test]
+fn phi3_fused_projections_split_and_longrope_is_refused() {
+    let phi3 = Checkpoint::open(support::fixture("tiny-phi3-fused")).unwrap();
+    let c = &phi3.config;
+    assert_eq!(c.architecture, tlaloc_export::Architecture::Phi3);
+    let q = phi3
+        .meta(TensorRole::Layer(0, tlaloc_export::LayerRole::Q))
+        .unwrap();
+    let v = phi3
+        .meta(TensorRole::Layer(0, tlaloc_export::LayerRole::V))
+        .unwrap();
+    let up = phi3
+        .meta(TensorRole::Layer(1, tlaloc_export::LayerRole::Up))
+        .unwrap();
+    assert_eq!(q.name, "model.layers.0.self_attn.qkv_proj.weight");
+    assert_eq!((q.rows, q.dims.clone()), (Some((0, 64)), vec![64, 64]));
+    assert_eq!((v.rows, v.dims.clone()), (Some((96, 128)), vec![32, 64]));
+    assert_eq!(
+        (up.rows, up.dims.clone()),
+        (Some((128, 256)), vec![128, 64])
+    );
+    for (rope, needle) in [
+        (
+            serde_json::json!({"rope_type": "longrope", "rope_theta": 10000.0,
+                "long_factor": [1.0], "short_factor": [1.0], "partial_rotary_factor": 1.0}),
+            "longrope",
+        ),
+        (
+            serde_json::json!({"rope_type": "default", "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75}),
+            "partial_rotary_factor",
+        ),
+    ] {
+        let tmp = copy_fixture("tiny-phi3-fused");
+        edit_config(tmp.path(), |c| {
+            c.insert("rope_parameters".into(), rope.clone());
+        });
+        let err = open_err(tmp.path());
+        assert!(err.to_string().contains(needle), "{needle}: {err}");
+    }
+    // A fused tensor of the wrong height is refused with the height the config implies.
+    let tmp = copy_fixture("tiny-phi3-fused");
+    edit_config(tmp.path(), |c| {
+        c.insert("num_key_value_heads".into(), Value::from(4));
+    });
+    let err = open_err(tmp.path());
+    assert!(
+        err.to_string()
+            .contains("model.layers.0.self_attn.qkv_proj.weight"),
+        "{err}"
+    );
+}
+
+/// The Phi-3 fixture rewritten as an f32 GGUF the way llama.cpp writes Phi-3 (`phi3.*` keys,
+/// fused `attn_qkv`, gate and up fused in `ffn_up`, no Q/K row permutation) reads back to the
+/// same config and tensors, bit for bit.
+#[test]
+fn phi3_as_gguf_reads_back_as_the_safetensors_fixture() {
+    use tlaloc_export::LayerRole;
+    let st = Checkpoint::open(support::fixture("tiny-phi3-fused")).unwrap();
+    let c = &st.config;
+    let mut w = GgufWriter::new("phi3");
+    for (k, v) in [
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("block_count", c.num_hidden_layers),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("rope.dimension_count", c.head_dim),
+        ("context_length", c.max_position_embeddings),
+    ] {
+        w.u32(&format!("phi3.{k}"), v as u32);
+    }
+    w.f32(
+        "phi3.attention.layer_norm_rms_epsilon",
+        c.rms_norm_eps as f32,
+    );
+    w.f32("phi3.rope.freq_base", c.rope_theta as f32);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    let f32_bytes = |roles: &[TensorRole]| -> (Vec<usize>, Vec<u8>) {
+        let mut dims: Vec<usize> = Vec::new();
+        let mut bytes = Vec::new();
+        for &role in roles {
+            let t = st.tensor(role).unwrap();
+            let height = dims.first().copied().unwrap_or(0);
+            dims = t.dims.clone();
+            dims[0] += height;
+            bytes.extend(t.to_f32().iter().flat_map(|v| v.to_le_bytes()));
+        }
+        (dims, bytes)
+    };
+    for role in st.roles() {
+        let fused: Option<(String, Vec<TensorRole>)> = match role {
+            TensorRole::Layer(n, LayerRole::Q) => Some((
+                format!("blk.{n}.attn_qkv.weight"),
+                [LayerRole::Q, LayerRole::K, LayerRole::V]
+                    .map(|r| TensorRole::Layer(n, r))
+                    .to_vec(),
+            )),
+            TensorRole::Layer(n, LayerRole::Gate) => Some((
+                format!("blk.{n}.ffn_up.weight"),
+                [LayerRole::Gate, LayerRole::Up]
+                    .map(|r| TensorRole::Layer(n, r))
+                    .to_vec(),
+            )),
+            TensorRole::Layer(_, LayerRole::K | LayerRole::V | LayerRole::Up) => continue,
+            _ => None,
+        };
+        let (name, roles) = fused.unwrap_or_else(|| (role.gguf_name(), vec![role]));
+        let (dims, bytes) = f32_bytes(&roles);
+        let ne: Vec<u64> = dims.iter().rev().map(|&d| d as u64).collect();
+        w.tensor(&name, &ne, 0, bytes);
+    }
+    let (_tmp, path) = write_gguf(&w.finish());
+    let gguf = Checkpoint::open(&path).unwrap();
+    let g = &gguf.config;
+    assert_eq!(g.architecture, tlaloc_export::Architecture::Phi3);
+    assert_eq!(
+        (g.head_dim, g.num_key_value_heads, g.intermediate_size),
+        (c.head_dim, c.num_key_value_heads, c.intermediate_size)
+    );
+    assert_eq!(gguf.roles(), st.roles());
+    for role in st.roles() {
+        assert_eq!(
+            gguf.tensor(role).unwrap(),
+            st.tensor(role).unwrap(),
+            "{role}: GGUF and safetensors differ"
+        );
+    }
+}
+
 /// The Qwen3 fixture rewritten as an f32 GGUF the way llama.cpp names and lays it out
 /// (`general.architecture` qwen3, `qwen3.*` keys, `attn_q_norm` / `attn_k_norm`, no Q/K row
 /// permutation): it opens to the same config and the same tensors, bit for bit.
@@ -998,7 +1254,7 @@ fn survey_reports_architecture_and_types_and_the_verdict_export_would_give() {
 /// The Gemma 3 270M Q4_K_M file from PyPI (fetched by `scripts/setup.sh`): every one of its
 /// tensor types is read now (Q5_0 was refused before), so what is refused is the architecture.
 #[test]
-fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_the_architecture_by_name() {
+fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_its_tokenizer_by_name() {
     let path = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
     if !path.is_file() {
         eprintln!(
@@ -1015,8 +1271,34 @@ fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_the_architecture_by_name
         "{text}"
     );
     assert!(!text.contains("not supported)"), "{text}");
+    // The architecture is built; the SentencePiece vocabulary is what is refused, by name.
     match &survey.verdict {
-        Err(IngestError::UnsupportedArchitecture { found, .. }) => assert_eq!(found, "gemma3"),
-        other => panic!("expected the architecture refused, got {other:?}"),
+        Err(IngestError::Tokenizer { reason }) => {
+            assert!(reason.contains("tokenizer.ggml.model"), "{reason}")
+        }
+        other => panic!("expected the tokenizer refused, got {other:?}"),
     }
+    // Its config, as transformers' GGUF loader reads it: every sixth layer global, the rest
+    // sliding over 512 keys at RoPE base 10,000; 4 query heads and 1 KV head of 256.
+    let c = Checkpoint::open_gguf_token_ids_only(&path).unwrap().config;
+    assert_eq!(c.architecture, tlaloc_export::Architecture::Gemma3);
+    assert_eq!(
+        (c.num_hidden_layers, c.hidden_size, c.intermediate_size),
+        (18, 640, 2048)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (4, 1, 256)
+    );
+    let windows: Vec<Option<usize>> = (0..18).map(|i| c.layer_windows.window(i)).collect();
+    let global: Vec<usize> = (0..18).filter(|&i| windows[i].is_none()).collect();
+    assert_eq!(global, [5, 11, 17], "{c}");
+    assert!(windows.iter().flatten().all(|&w| w == 512), "{c}");
+    assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
+    assert!(c.tie_word_embeddings && c.qk_norm && c.sandwich_norms && c.scale_embedding);
+    // llama.cpp stored the norms with the 1 already added.
+    assert_eq!(c.norm_weight_offset, 0.0);
+    assert_eq!(c.activation, tlaloc_export::Activation::GeluTanh);
+    assert_eq!(c.attention_scale, 256f64.powf(-0.5));
+    assert_eq!(c.final_logit_softcap, None);
 }

@@ -12,7 +12,9 @@ pub use dequant::{ACCEPTED_TYPES, DequantError, GGML_TYPES, GgmlType, GgmlTypeIn
 pub use header::{GgufHeader, GgufTensorInfo, HeaderError, MetaValue};
 
 use crate::checkpoint::{LayerRole, Tensor, TensorData, TensorRole};
-use crate::config::{Architecture, ModelConfig, RopeScaling, unsupported};
+use crate::config::{
+    Activation, Architecture, LayerWindows, ModelConfig, RopeScaling, unsupported,
+};
 use crate::error::{IngestError, Result, io_error};
 use crate::mapped::map_file;
 
@@ -218,7 +220,7 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
             unsupported(
                 "general.architecture",
                 "missing",
-                "\"llama\", \"qwen2\" or \"qwen3\"",
+                "\"llama\", \"qwen2\", \"qwen3\" or \"gemma3\"",
             )
         })?
         .to_string();
@@ -226,10 +228,12 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
+        "gemma3" => Architecture::Gemma3,
+        "phi3" => Architecture::Phi3,
         other => {
             return Err(IngestError::UnsupportedArchitecture {
                 found: other.to_string(),
-                accepted: "GGUF general.architecture llama, qwen2, qwen3",
+                accepted: "GGUF general.architecture llama, qwen2, qwen3, gemma3, phi3",
             });
         }
     };
@@ -291,11 +295,57 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
             more: 0,
         });
     }
+    let gemma = architecture == Architecture::Gemma3;
+    let num_hidden_layers = need_usize(h, &key("block_count"))?;
+    let window = meta_usize(h, &key("attention.sliding_window"))?;
+    let phi3 = architecture == Architecture::Phi3;
+    if let Some(window) = window
+        && !gemma
+        && !phi3
+    {
+        return Err(unsupported(
+            key("attention.sliding_window"),
+            window.to_string(),
+            "absent for GGUF architectures llama, qwen2 and qwen3 (a windowed Mistral is read \
+             from its safetensors directory)",
+        ));
+    }
+    if let Some(rotated) = meta_usize(h, &key("rope.dimension_count"))?
+        && rotated != head_dim
+    {
+        return Err(unsupported(
+            key("rope.dimension_count"),
+            rotated.to_string(),
+            format!("the head width ({head_dim}): partial rotary embeddings are not built"),
+        ));
+    }
+    if let Some(cap) = meta_f64(h, &key("attn_logit_softcapping"))? {
+        return Err(unsupported(
+            key("attn_logit_softcapping"),
+            cap.to_string(),
+            "absent (soft-capped attention scores are not built)",
+        ));
+    }
+    // Gemma 3 as transformers' GGUF loader configures it: every sixth layer global, the rest
+    // sliding (llama.cpp's fixed pattern too), sliding layers at RoPE base 10,000, norms stored
+    // with the 1 already added by llama.cpp's converter. The attention scale is llama.cpp's
+    // `head_dim^-0.5`, which is transformers' default `query_pre_attn_scalar` (256) for every
+    // Gemma 3 whose head_dim is 256.
+    let layer_windows = if gemma {
+        let window = window
+            .ok_or_else(|| unsupported(key("attention.sliding_window"), "missing", "an integer"))?;
+        LayerWindows::Periodic { window, period: 6 }
+    } else if let Some(window) = window {
+        // Phi-3: every layer, as transformers' Phi3Attention.
+        LayerWindows::All(window)
+    } else {
+        LayerWindows::Full
+    };
     let config = ModelConfig {
         architecture,
         hidden_size,
         intermediate_size: need_usize(h, &key("feed_forward_length"))?,
-        num_hidden_layers: need_usize(h, &key("block_count"))?,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads,
         head_dim,
@@ -313,7 +363,19 @@ fn config_from_header(h: &GgufHeader) -> Result<(String, ModelConfig)> {
         qkv_bias,
         o_bias: any_layer_has(".attn_output.bias"),
         mlp_bias: any_layer_has(".ffn_gate.bias"),
-        qk_norm: architecture == Architecture::Qwen3,
+        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+        layer_windows,
+        local_rope_theta: gemma.then_some(10_000.0),
+        activation: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        sandwich_norms: gemma,
+        scale_embedding: gemma,
+        norm_weight_offset: 0.0,
+        attention_scale: (head_dim as f64).powf(-0.5),
+        final_logit_softcap: meta_f64(h, &key("final_logit_softcapping"))?,
         bos_token_id: token_id(h, "tokenizer.ggml.bos_token_id")?,
         eos_token_ids: token_id(h, "tokenizer.ggml.eos_token_id")?
             .into_iter()

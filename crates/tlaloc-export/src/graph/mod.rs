@@ -13,7 +13,8 @@
 //! `[numBlocks * blockSize, kvHeads, headDim]` at `slotMapping` (index -1 is out of bounds and
 //! dropped: the padding contract), and each row's pages are read back by ONE gather by
 //! `blockTables`; grouped-query scores in f32, masked by causality (`c <= position`) and by
-//! `c < seqLen` (the mask is built once per step), softmax in f32 (max subtracted), weighted
+//! `c < seqLen`, and on a sliding-window layer by `c > position - window` (each mask is built
+//! once per step), softmax in f32 (max subtracted), weighted
 //! sum of V, output projection, residual, RMSNorm, ONE gate/up projection against the fused
 //! `gate_up_proj` (gate rows then up rows) sliced in two, SwiGLU (`silu(gate) * up`,
 //! `silu = x * logistic(x)`), down projection, residual. Fusing changes no element value: each
@@ -45,7 +46,7 @@ use tlaloc_hlo::{
 };
 
 use crate::checkpoint::{LayerRole, TensorRole};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 
 /// Where the bytes of a weight slot come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +58,10 @@ pub enum SlotSource {
     RopeCos,
     /// The RoPE sine table `[maxContext, headDim]`.
     RopeSin,
+    /// The sliding-window layers' RoPE cosine table, where their base differs (Gemma 3).
+    LocalRopeCos,
+    /// The sliding-window layers' RoPE sine table.
+    LocalRopeSin,
 }
 
 /// One weight operand of every entry.
@@ -96,6 +101,9 @@ fn layer_slots(c: &ModelConfig) -> Vec<(&'static str, Vec<LayerRole>)> {
     if c.o_bias {
         slots.push(("o_bias", vec![OBias]));
     }
+    if c.sandwich_norms {
+        slots.push(("attention_out_norm", vec![PostAttnNorm]));
+    }
     slots.push(("post_attention_norm", vec![MlpNorm]));
     slots.push(("gate_up_proj", vec![Gate, Up]));
     if c.mlp_bias {
@@ -104,6 +112,9 @@ fn layer_slots(c: &ModelConfig) -> Vec<(&'static str, Vec<LayerRole>)> {
     slots.push(("down_proj", vec![Down]));
     if c.mlp_bias {
         slots.push(("down_bias", vec![DownBias]));
+    }
+    if c.sandwich_norms {
+        slots.push(("mlp_out_norm", vec![PostMlpNorm]));
     }
     slots
 }
@@ -118,6 +129,8 @@ pub const LM_HEAD_SLOT: &str = "lm_head";
 pub const FINAL_NORM_SLOT: &str = "final_norm";
 pub const ROPE_COS_SLOT: &str = "rope.cos";
 pub const ROPE_SIN_SLOT: &str = "rope.sin";
+pub const LOCAL_ROPE_COS_SLOT: &str = "rope.local.cos";
+pub const LOCAL_ROPE_SIN_SLOT: &str = "rope.local.sin";
 
 impl WeightPlan {
     /// The plan for `config` exported as `dtype` (f32 or bf16). Matrices take the export dtype;
@@ -149,10 +162,15 @@ impl WeightPlan {
         if !c.tie_word_embeddings {
             push(LM_HEAD_SLOT.into(), vec![TensorRole::LmHead]);
         }
-        for (name, source) in [
+        let mut tables = vec![
             (ROPE_COS_SLOT, SlotSource::RopeCos),
             (ROPE_SIN_SLOT, SlotSource::RopeSin),
-        ] {
+        ];
+        if c.local_rope_theta.is_some() {
+            tables.push((LOCAL_ROPE_COS_SLOT, SlotSource::LocalRopeCos));
+            tables.push((LOCAL_ROPE_SIN_SLOT, SlotSource::LocalRopeSin));
+        }
+        for (name, source) in tables {
             slots.push(WeightSlot {
                 name: name.into(),
                 source,
@@ -344,6 +362,27 @@ impl Graph {
         self.f.mul(w, normed)
     }
 
+    /// PyTorch's tanh-approximated GELU of `x` f32:
+    /// `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`.
+    fn gelu_tanh(&mut self, x: Value) -> Result<Value, HloError> {
+        let ty = self.f.ty(x)?.clone();
+        let cube = self.f.mul(x, x)?;
+        let cube = self.f.mul(cube, x)?;
+        let kappa = self.f.full(&ty, 0.044715)?;
+        let inner = self.f.mul(kappa, cube)?;
+        let inner = self.f.add(x, inner)?;
+        // PyTorch's kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, rounded to f32.
+        let beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
+        let beta = self.f.full(&ty, beta)?;
+        let inner = self.f.mul(beta, inner)?;
+        let t = self.f.tanh(inner)?;
+        let one = self.f.full(&ty, 1.0)?;
+        let t = self.f.add(one, t)?;
+        let half = self.f.full(&ty, 0.5)?;
+        let hx = self.f.mul(half, x)?;
+        self.f.mul(hx, t)
+    }
+
     /// RoPE of `x [N, heads, D]` with `cos`, `sin` already broadcast to `[N, heads, D]`:
     /// `x * cos + rotate_half(x) * sin`.
     fn rope(&mut self, x: Value, cos: Value, sin: Value) -> Result<Value, HloError> {
@@ -448,6 +487,14 @@ fn build(
     let flat_ids = g.f.reshape(token_ids, [n])?;
     let embedding = g.weight(EMBEDDING_SLOT)?;
     let mut h = g.gather_rows(embedding, flat_ids)?;
+    if c.scale_embedding {
+        // transformers multiplies by sqrt(hidden) rounded to the embedding's dtype, in it.
+        let scale = g.f.full(
+            &TensorType::new(g.matrix, vec![n, hidden]),
+            (hidden as f64).sqrt(),
+        )?;
+        h = g.f.mul(h, scale)?;
+    }
     if g.matrix != ScalarType::F32 {
         h = g.f.convert(h, ScalarType::F32)?;
     }
@@ -456,8 +503,21 @@ fn build(
     let sin_table = g.weight(ROPE_SIN_SLOT)?;
     let cos = g.gather_rows(cos_table, flat_positions)?;
     let sin = g.gather_rows(sin_table, flat_positions)?;
+    let local_rope = match c.local_rope_theta {
+        Some(_) => {
+            let cos_table = g.weight(LOCAL_ROPE_COS_SLOT)?;
+            let sin_table = g.weight(LOCAL_ROPE_SIN_SLOT)?;
+            let cos = g.gather_rows(cos_table, flat_positions)?;
+            let sin = g.gather_rows(sin_table, flat_positions)?;
+            Some((cos, sin))
+        }
+        None => None,
+    };
 
-    // The attention mask is the same for every layer: [B, kvHeads, T, groups, C].
+    // The attention masks, built once per step: [B, kvHeads, T, groups, C]. Every layer takes
+    // causality (`c <= position`) and liveness (`c < seqLen`); a windowed layer also
+    // `c > position - window` (transformers' `sliding_window_overlay`), one mask per distinct
+    // window.
     let scores_dims = [b, kv_heads, t, groups, context];
     let key_index = g.f.iota(i32_ty(&scores_dims), 4)?;
     let position_b =
@@ -465,14 +525,34 @@ fn build(
     let seq_len_b = g.f.broadcast_in_dim(inputs.seq_lens, scores_dims, [0])?;
     let causal = g.f.compare(key_index, CompareDirection::Le, position_b)?;
     let live = g.f.compare(key_index, CompareDirection::Lt, seq_len_b)?;
-    let mask = g.f.and(causal, live)?;
+    let full_mask = g.f.and(causal, live)?;
+    let mut window_masks: BTreeMap<usize, Value> = BTreeMap::new();
+    for window in c.layer_windows.widths() {
+        // A window no position can reach past is the full mask.
+        let mask = if window >= context {
+            full_mask
+        } else {
+            let w = g.f.splat(Scalar::I32(window as i32), scores_dims)?;
+            let first_seen = g.f.sub(position_b, w)?;
+            let inside = g.f.compare(key_index, CompareDirection::Gt, first_seen)?;
+            g.f.and(full_mask, inside)?
+        };
+        window_masks.insert(window, mask);
+    }
     let masked_value = g.f.splat(Scalar::lowest(ScalarType::F32), scores_dims)?;
-    let scale = g.f.full(&f32_ty(&scores_dims), (d as f64).powf(-0.5))?;
+    let scale = g.f.full(&f32_ty(&scores_dims), c.attention_scale)?;
 
     // q and k heads side by side get RoPE together: one broadcast of the tables per step.
     let qk_heads = heads + kv_heads;
     let cos = g.f.broadcast_in_dim(cos, [n, qk_heads, d], [0, 2])?;
     let sin = g.f.broadcast_in_dim(sin, [n, qk_heads, d], [0, 2])?;
+    let local_rope = match local_rope {
+        Some((cos, sin)) => Some((
+            g.f.broadcast_in_dim(cos, [n, qk_heads, d], [0, 2])?,
+            g.f.broadcast_in_dim(sin, [n, qk_heads, d], [0, 2])?,
+        )),
+        None => None,
+    };
     let intermediate = c.intermediate_size;
 
     let slot = |layer: usize, name: &str| layer_slot(layer, name);
@@ -500,7 +580,13 @@ fn build(
         } else {
             qk
         };
-        let qk = g.rope(qk, cos, sin)?;
+        let window = c.layer_windows.window(layer);
+        // Sliding-window layers take their own RoPE base where the model has one.
+        let (layer_cos, layer_sin) = match (window, local_rope) {
+            (Some(_), Some(tables)) => tables,
+            _ => (cos, sin),
+        };
+        let qk = g.rope(qk, layer_cos, layer_sin)?;
         let q = g.f.slice(qk, [0, 0, 0], [n, heads, d], [1, 1, 1])?;
         let k = g.f.slice(qk, [0, heads, 0], [n, qk_heads, d], [1, 1, 1])?;
 
@@ -529,6 +615,10 @@ fn build(
             Some(ScalarType::F32),
         )?;
         let scores = g.f.mul(scores, scale)?;
+        let mask = match window {
+            Some(window) => window_masks[&window],
+            None => full_mask,
+        };
         let scores = g.f.select(mask, scores, masked_value)?;
         let max = g.f.reduce_max(scores, [4])?;
         let max = g.f.broadcast_in_dim(max, scores_dims, [0, 1, 2, 3])?;
@@ -558,6 +648,11 @@ fn build(
             &slot(layer, "o_proj"),
             bias(layer, "o_bias", c.o_bias).as_deref(),
         )?;
+        let o = if c.sandwich_norms {
+            g.rms_norm(o, &slot(layer, "attention_out_norm"), c.rms_norm_eps)?
+        } else {
+            o
+        };
         h = g.f.add(residual, o)?;
 
         let residual = h;
@@ -570,14 +665,24 @@ fn build(
         )?;
         let gate = g.columns(gate_up, 0, intermediate)?;
         let up = g.columns(gate_up, intermediate, 2 * intermediate)?;
-        let sigmoid = g.f.logistic(gate)?;
-        let silu = g.f.mul(gate, sigmoid)?;
-        let act = g.f.mul(silu, up)?;
+        let gate = match c.activation {
+            Activation::Silu => {
+                let sigmoid = g.f.logistic(gate)?;
+                g.f.mul(gate, sigmoid)?
+            }
+            Activation::GeluTanh => g.gelu_tanh(gate)?,
+        };
+        let act = g.f.mul(gate, up)?;
         let down = g.linear(
             act,
             &slot(layer, "down_proj"),
             bias(layer, "down_bias", c.mlp_bias).as_deref(),
         )?;
+        let down = if c.sandwich_norms {
+            g.rms_norm(down, &slot(layer, "mlp_out_norm"), c.rms_norm_eps)?
+        } else {
+            down
+        };
         h = g.f.add(residual, down)?;
     }
 
@@ -605,7 +710,14 @@ fn build(
     } else {
         LM_HEAD_SLOT
     };
-    let logits = g.linear(last, head, None)?;
+    let mut logits = g.linear(last, head, None)?;
+    if let Some(cap) = c.final_logit_softcap {
+        // transformers: logits / cap, tanh, * cap.
+        let cap = g.f.full(&f32_ty(&[b, c.vocab_size]), cap)?;
+        let scaled = g.f.div(logits, cap)?;
+        let capped = g.f.tanh(scaled)?;
+        logits = g.f.mul(capped, cap)?;
+    }
     let (_, next_tokens) = g.f.argmax(logits, 1, ScalarType::I32)?;
     let next_token_ids = g.f.reshape(next_tokens, [b, 1])?;
 

