@@ -99,7 +99,8 @@ impl Constraint {
         Self(Arc::new(Mutex::new(Box::new(constraint))))
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Box<dyn TokenConstraint>> {
+    /// The constraint itself, for whoever drives it (the scheduler; a test).
+    pub fn lock(&self) -> MutexGuard<'_, Box<dyn TokenConstraint>> {
         // A panic inside a constraint leaves its state as it was; the request still ends.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }

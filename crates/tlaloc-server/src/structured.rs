@@ -287,7 +287,10 @@ impl Grammars {
             key: key.to_owned(),
         };
         let refused = |e: String| {
-            ApiError::invalid(field, format!("`{field}` refused by the grammar compiler: {e}"))
+            ApiError::invalid(
+                field,
+                format!("`{field}` refused by the grammar compiler: {e}"),
+            )
         };
         let grammar = spec.grammar().map_err(refused)?;
         let parser = factory
@@ -400,7 +403,10 @@ mod tests {
         let eos = [id(&tokenizer, "<|im_end|>")];
         let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}},
             "required": ["a"], "additionalProperties": false});
-        let spec = ("response_format.json_schema.schema".to_owned(), format!("json:{schema}"));
+        let spec = (
+            "response_format.json_schema.schema".to_owned(),
+            format!("json:{schema}"),
+        );
         let compiled = grammars.compile(&spec, vocab, &eos).unwrap();
         grammars.compile(&spec, vocab, &eos).unwrap();
         assert_eq!(grammars.cached(), 1);
@@ -408,16 +414,67 @@ mod tests {
         let constraint = compiled.constraint();
         let mut c = constraint.lock();
         let mask = c.next_mask().unwrap();
-        assert!(mask.allows(id(&tokenizer, "{")));
+        let reply = tokenizer.encode("{\"a\":7}", false).unwrap().get_ids().to_vec();
+        assert!(mask.allows(reply[0]));
         for text in ["hello", "[", "<|im_end|>"] {
             assert!(!mask.allows(id(&tokenizer, text)), "{text:?} allowed first");
         }
         // `{"a":7}` token by token, then the grammar is complete and only eos may follow.
-        for piece in tokenizer.encode("{\"a\":7}", false).unwrap().get_ids() {
-            assert!(c.next_mask().unwrap().allows(*piece));
-            c.commit(*piece).unwrap();
+        for piece in reply {
+            assert!(c.next_mask().unwrap().allows(piece));
+            c.commit(piece).unwrap();
         }
         assert!(c.is_finished() || c.next_mask().unwrap().allows(eos[0]));
+    }
+
+    /// The per-token cost of the mask over SmolLM2's vocabulary (the fixture's tokenizer is
+    /// SmolLM2's): compute and copy the mask, then commit, for each token of a reply to a JSON
+    /// schema. Not a pass/fail test; docs/benchmarks.md reports its numbers:
+    /// `cargo test --release -p tlaloc-server --lib mask_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn mask_cost() {
+        let (grammars, tokenizer) = grammars();
+        let vocab = tokenizer.get_vocab_size(true);
+        let eos = [id(&tokenizer, "<|im_end|>")];
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "city": {"type": "string", "maxLength": 16}},
+            "required": ["name", "age", "city"], "additionalProperties": false});
+        let spec = ("s".to_owned(), format!("json:{schema}"));
+        let started = std::time::Instant::now();
+        let compiled = grammars.compile(&spec, vocab, &eos).unwrap();
+        let first_compile = started.elapsed();
+        let started = std::time::Instant::now();
+        grammars.compile(&spec, vocab, &eos).unwrap();
+        let cached_compile = started.elapsed();
+        let reply = r#"{"name":"Alice Smith","age":34,"city":"Paris"}"#;
+        let ids = tokenizer.encode(reply, false).unwrap().get_ids().to_vec();
+        let rounds = 20;
+        let mut per_token = Vec::new();
+        for _ in 0..rounds {
+            let constraint = compiled.constraint();
+            let mut c = constraint.lock();
+            for &t in &ids {
+                let started = std::time::Instant::now();
+                let mask = c.next_mask().unwrap();
+                assert!(mask.allows(t));
+                c.commit(t).unwrap();
+                per_token.push(started.elapsed().as_secs_f64());
+            }
+        }
+        per_token.sort_by(f64::total_cmp);
+        let mean = per_token.iter().sum::<f64>() / per_token.len() as f64;
+        println!(
+            "first build (trie + compile): {:.1} ms; cached compile: {:.3} ms; {} tokens x {rounds}: mask+commit mean {:.1} us, p50 {:.1} us, p99 {:.1} us",
+            first_compile.as_secs_f64() * 1e3,
+            cached_compile.as_secs_f64() * 1e3,
+            ids.len(),
+            mean * 1e6,
+            per_token[per_token.len() / 2] * 1e6,
+            per_token[per_token.len() * 99 / 100] * 1e6,
+        );
     }
 
     #[test]
@@ -457,7 +514,11 @@ mod tests {
             ("structured_outputs.regex".into(), "regex:a+".into())
         );
         assert!(requested(Some(&format), Some(&so)).is_err());
-        assert!(requested(Some(&ResponseFormat::Text), None).unwrap().is_none());
+        assert!(
+            requested(Some(&ResponseFormat::Text), None)
+                .unwrap()
+                .is_none()
+        );
         let choice = StructuredOutputs {
             choice: Some(vec!["a.b".into(), "c|d".into()]),
             ..Default::default()
