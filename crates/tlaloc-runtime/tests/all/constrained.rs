@@ -229,8 +229,7 @@ fn logit_bias_out_of_range_or_vocabulary_is_refused_by_name() {
                 },
                 ..GenerateRequest::greedy(vec![1], 1)
             })
-            .err()
-            .expect("refused");
+            .expect_err("refused");
         assert!(refused.to_string().contains(says), "{refused}");
     }
     engine.shutdown();
