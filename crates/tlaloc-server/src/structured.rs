@@ -3,10 +3,10 @@
 //! per-request [`TokenConstraint`] the engine applies before sampling.
 //!
 //! llguidance rather than outlines-core: it is a Rust crate that computes a mask from the
-//! grammar's current state in tens of microseconds with no ahead-of-time index over the
-//! vocabulary (outlines-core builds one per regex, seconds for a large JSON schema), it takes
-//! JSON schemas, regexes and Lark grammars (GBNF's `::=` rules too) through one entry point,
-//! and vLLM, SGLang and mistral.rs serve it. Its tokenizer side (`toktrie_hf_tokenizers`) reads
+//! grammar's current state (23 µs median per token on SmolLM2's vocabulary, docs/benchmarks.md)
+//! with no ahead-of-time index over the vocabulary (outlines-core compiles one per regex), it
+//! takes JSON schemas, regexes and Lark grammars through one entry point, and vLLM, SGLang and
+//! mistral.rs serve it. Its tokenizer side (`toktrie_hf_tokenizers`) reads
 //! the artifact's `tokenizer.json` with its own `tokenizers` release (0.21; the server's text
 //! side is on 0.22): the vocabulary's bytes are all it takes from it.
 //!
@@ -73,7 +73,8 @@ pub struct StructuredOutputs {
     pub regex: Option<String>,
     /// One of these strings, exactly.
     pub choice: Option<Vec<String>>,
-    /// A Lark grammar (llguidance's dialect; GBNF's `::=` rules are read too).
+    /// A Lark grammar (llguidance's dialect, with `start` as its first rule; GBNF's `::=` is
+    /// not read).
     pub grammar: Option<String>,
     /// Any JSON object.
     pub json_object: Option<bool>,
@@ -414,7 +415,11 @@ mod tests {
         let constraint = compiled.constraint();
         let mut c = constraint.lock();
         let mask = c.next_mask().unwrap();
-        let reply = tokenizer.encode("{\"a\":7}", false).unwrap().get_ids().to_vec();
+        let reply = tokenizer
+            .encode("{\"a\":7}", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         assert!(mask.allows(reply[0]));
         for text in ["hello", "[", "<|im_end|>"] {
             assert!(!mask.allows(id(&tokenizer, text)), "{text:?} allowed first");
