@@ -163,7 +163,7 @@ pub struct GenerateResult {
 enum Command {
     Submit {
         id: RequestId,
-        request: ValidatedRequest,
+        request: Box<ValidatedRequest>,
         arrived: Instant,
         events: UnboundedSender<TokenEvent>,
     },
@@ -386,7 +386,7 @@ impl EngineHandle {
         let (events, receiver) = unbounded_channel();
         self.send(Command::Submit {
             id,
-            request,
+            request: Box::new(request),
             arrived: Instant::now(),
             events,
         })?;
@@ -558,7 +558,7 @@ impl<E: ModelExecutor> Actor<E> {
                 events,
             } => {
                 let prompt_tokens = request.request().prompt_ids.len() as u64;
-                match self.scheduler.add_arrived(id, request, arrived) {
+                match self.scheduler.add_arrived(id, *request, arrived) {
                     Ok(()) => {
                         self.totals.prompt_tokens_total += prompt_tokens;
                         self.listeners.insert(id, events);

@@ -4,7 +4,8 @@
 //! trait it implements); [`layout`] lays out one step's inputs; [`step_executor`] runs rows laid
 //! out by any caller (the seam for an external scheduler); [`block_manager`] hands out K/V
 //! pages, shared between sequences through [`prefix_cache`]'s block hashes; [`request`] is what a caller asks and its one validation; [`bucket`] chooses decode
-//! buckets by measurement; [`stop`] decides stops; [`sampling`] draws tokens; [`scheduler`]
+//! buckets by measurement; [`stop`] decides stops; [`sampling`] draws tokens, within a request's
+//! [`constraint`] when it has one; [`scheduler`]
 //! queues, admits, preempts, parks and completes sequences; [`engine`] is the thread that owns
 //! all of it and the handle the server and the CLI talk to.
 //!
@@ -15,6 +16,7 @@
 pub mod block_manager;
 pub mod bucket;
 pub mod compile_cache;
+pub mod constraint;
 pub mod engine;
 pub mod executor;
 pub mod layout;
@@ -26,6 +28,7 @@ pub mod scheduler;
 pub mod step_executor;
 pub mod stop;
 
+pub use constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
 pub use engine::{
     Engine, EngineError, EngineHandle, EngineOptions, EngineStats, GenerateResult, StepStats,
     TokenEvent,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::constraint::Constraint;
 use crate::executor::ModelShape;
 use crate::sampling::{Sampled, SamplingParams};
 
@@ -39,6 +40,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// The longer-lived sequence this request continues or starts, if any.
     pub sequence: Option<SequenceControl>,
+    /// Which tokens may come next (a grammar or schema); `None` leaves the model free.
+    pub constraint: Option<Constraint>,
 }
 
 /// Names a sequence that outlives one request: a conversation whose later turns reuse the K/V
@@ -73,6 +76,7 @@ impl GenerateRequest {
             logprobs: None,
             ignore_eos: false,
             sequence: None,
+            constraint: None,
         }
     }
 }
@@ -188,6 +192,9 @@ pub enum Refusal {
         "sequence {key} refused: a request for it is still running; send the next request after that one finishes"
     )]
     SequenceBusy { key: SequenceKey },
+    /// A `logit_bias` token outside the vocabulary.
+    #[error("logit_bias token id {token} refused: the vocabulary has ids 0..{vocab_size}")]
+    BiasTokenOutOfVocabulary { token: u32, vocab_size: usize },
     /// `logprobs` past the vocabulary.
     #[error("logprobs {asked} refused: at most {vocab_size} (the vocabulary size)")]
     TooManyLogprobs { asked: usize, vocab_size: usize },
@@ -247,6 +254,14 @@ impl GenerateRequest {
             });
         }
         request.sampling.validate()?;
+        if let Some(&(token, _)) = request
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= vocab_size)
+        {
+            return Err(Refusal::BiasTokenOutOfVocabulary { token, vocab_size });
+        }
         if let Some(asked) = request.logprobs
             && asked > vocab_size
         {

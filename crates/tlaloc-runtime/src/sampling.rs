@@ -6,7 +6,8 @@
 //!
 //! Order of processing (vLLM's): repetition penalty (positive logits divided, negative ones
 //! multiplied, for every token seen in the prompt or the output), then presence and frequency
-//! penalties (subtracted for tokens of the output), then temperature, then top-k, top-p and min-p
+//! penalties (subtracted for tokens of the output), then `logit_bias` (added), then a request's
+//! token constraint (tokens outside its mask set to `-inf`), then temperature, then top-k, top-p and min-p
 //! on the renormalised distribution, then a draw. Returned log-probabilities are the
 //! log-softmax of the *processed* logits: after penalties and temperature, before the top-k /
 //! top-p / min-p cut (so every token has a finite log-probability, and a greedy row reports the
@@ -22,6 +23,8 @@ use std::hash::{BuildHasher, Hasher};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use thiserror::Error;
+
+use crate::constraint::TokenMask;
 
 /// How one request chooses its tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +45,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted from a token's logit once per occurrence in the output; 0 is off.
     pub frequency_penalty: f32,
+    /// Added to the logits of these tokens before sampling, greedy rows too (OpenAI's
+    /// `logit_bias`: each in [-100, 100]; -100 bans a token in practice, +100 forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +80,7 @@ impl SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -125,12 +132,23 @@ impl SamplingParams {
                 "a number in [-2, 2]",
             ));
         }
+        if let Some(&(token, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b)))
+        {
+            return Err(InvalidSamplingParam {
+                field: "logit_bias",
+                value: format!("{{{token}: {bias}}}"),
+                accepted: "token ids mapped to biases in [-100, 100]",
+            });
+        }
         Ok(())
     }
 
     /// Whether the token is the argmax of the raw logits, which the program computes itself.
     pub fn uses_in_graph_argmax(&self) -> bool {
-        self.temperature == 0.0 && !self.has_penalties()
+        self.temperature == 0.0 && !self.has_penalties() && self.logit_bias.is_empty()
     }
 
     fn has_penalties(&self) -> bool {
@@ -199,10 +217,25 @@ impl Sampler {
     /// Chooses a token from `logits` (one row, `[V]`); `top_n` asks for that many top
     /// log-probabilities (`Some(0)` for the chosen token's alone).
     pub fn sample(&mut self, logits: &[f32], top_n: Option<usize>) -> Sampled {
+        self.sample_within(logits, top_n, None)
+    }
+
+    /// [`Sampler::sample`] restricted to the tokens `mask` allows: the others are set to
+    /// `-inf` after penalties and bias, before temperature and the draw (greedy takes the
+    /// argmax of what is left; log-probabilities are those of the masked distribution).
+    pub fn sample_within(
+        &mut self,
+        logits: &[f32],
+        top_n: Option<usize>,
+        mask: Option<&TokenMask>,
+    ) -> Sampled {
         let mut values = std::mem::take(&mut self.scratch);
         values.clear();
         values.extend_from_slice(logits);
         self.apply_penalties(&mut values);
+        if let Some(mask) = mask {
+            mask.apply(&mut values);
+        }
 
         let greedy = self.params.temperature == 0.0;
         if !greedy {
@@ -277,6 +310,11 @@ impl Sampler {
                 if let Some(v) = values.get_mut(token as usize) {
                     *v -= p.presence_penalty + p.frequency_penalty * count as f32;
                 }
+            }
+        }
+        for &(token, bias) in &p.logit_bias {
+            if let Some(v) = values.get_mut(token as usize) {
+                *v += bias;
             }
         }
     }

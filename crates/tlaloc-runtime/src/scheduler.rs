@@ -48,6 +48,7 @@ use thiserror::Error;
 
 use crate::block_manager::{BlockManager, BlockPoolError, PageId};
 use crate::bucket::DecodeBuckets;
+use crate::constraint::{Constraint, TokenMask};
 use crate::executor::{Ladder, LadderPoint, ModelShape, StepInputs, StepOutput};
 use crate::layout::{self, ChainRow, RowInput};
 use crate::prefix_cache::{BlockHash, PrefixCacheStats, extend_hashes};
@@ -106,7 +107,7 @@ pub struct ScheduledStep {
     /// inputs for the same rows, each row one token further on. Their token ids are the
     /// previous step's next tokens, known only on the device; a row whose token budget ends
     /// earlier writes nothing there (slot -1), and its extra tokens are dropped. Empty unless
-    /// every row decodes greedily without logprobs.
+    /// every row decodes greedily without logprobs, bias or a token constraint.
     ///
     /// [`ModelExecutor::decode_chain`]: crate::ModelExecutor::decode_chain
     pub chain: Vec<StepInputs>,
@@ -168,6 +169,8 @@ struct Sequence {
     ignore_eos: bool,
     max_tokens: usize,
     logprobs: Option<usize>,
+    /// The tokens it may generate, when constrained.
+    constraint: Option<Constraint>,
     /// The longer-lived sequence it belongs to, and whether to park it at the end.
     parks_as: Option<(SequenceKey, bool)>,
     arrived: Instant,
@@ -380,6 +383,7 @@ impl Scheduler {
             ignore_eos: request.ignore_eos,
             max_tokens,
             logprobs: request.logprobs,
+            constraint: request.constraint,
             parks_as: request.sequence.map(|c| (c.key, c.park)),
             arrived,
             first_scheduled: None,
@@ -763,7 +767,7 @@ impl Scheduler {
     }
 
     /// How many decode steps (at most `limit`) the rows can run back to back (1 = no chain):
-    /// every row must take the in-graph argmax without logprobs (its next token is then known
+    /// every row must take the in-graph argmax without logprobs or a constraint (its next token is then known
     /// on the device), the chain stays inside the entry's context bucket, runs no longer than
     /// the longest row's remaining token budget, and takes its extra pages from free pages
     /// only (a chain never preempts anyone, nor evicts a parked sequence).
@@ -773,7 +777,9 @@ impl Scheduler {
         }
         let greedy = rows.iter().all(|&s| {
             let s = self.seq(s);
-            s.sampler.params().uses_in_graph_argmax() && s.logprobs.is_none()
+            s.sampler.params().uses_in_graph_argmax()
+                && s.logprobs.is_none()
+                && s.constraint.is_none()
         });
         if !greedy {
             return 1;
@@ -911,7 +917,10 @@ impl Scheduler {
             .expect("the scheduler's rows fit the entry it chose for them");
         inputs.want_logits = rows.iter().any(|plan| {
             let seq = self.seq(plan.slot);
-            plan.emits && (!seq.sampler.params().uses_in_graph_argmax() || seq.logprobs.is_some())
+            plan.emits
+                && (!seq.sampler.params().uses_in_graph_argmax()
+                    || seq.logprobs.is_some()
+                    || seq.constraint.is_some())
         });
         ScheduledStep {
             entry,
@@ -973,15 +982,39 @@ impl Scheduler {
             }
             let row_logits = logits.map(|l| &l[r * vocab..(r + 1) * vocab]);
             let in_graph = output.next_tokens[r];
-            let sampled = match row_logits {
-                Some(row) if !seq.sampler.params().uses_in_graph_argmax() => {
+            let mut constraint_ended = false;
+            let sampled = match (row_logits, &seq.constraint) {
+                (Some(row), Some(constraint)) => {
+                    let mut constraint = constraint.lock();
+                    let mask = match constraint.next_mask() {
+                        Ok(mask) if !mask.is_empty_within(vocab) => mask,
+                        // Nothing allowed (or the constraint failed): end on end-of-sequence.
+                        outcome => {
+                            if let Err(e) = outcome {
+                                tracing::warn!(request = plan.id, "{e}; ending the request");
+                            }
+                            constraint_ended = true;
+                            TokenMask::only(&self.shape.eos_token_ids)
+                        }
+                    };
+                    let sampled = seq.sampler.sample_within(row, seq.logprobs, Some(&mask));
+                    if !constraint_ended {
+                        if let Err(e) = constraint.commit(sampled.token) {
+                            tracing::warn!(request = plan.id, "{e}; ending the request");
+                            constraint_ended = true;
+                        }
+                        constraint_ended |= constraint.is_finished();
+                    }
+                    sampled
+                }
+                (Some(row), None) if !seq.sampler.params().uses_in_graph_argmax() => {
                     seq.sampler.sample(row, seq.logprobs)
                 }
-                Some(row) => {
+                (Some(row), None) => {
                     seq.sampler
                         .logprobs_of(row, in_graph as u32, seq.logprobs.unwrap_or(0))
                 }
-                None => Sampled {
+                (None, _) => Sampled {
                     token: in_graph as u32,
                     logprob: None,
                     top_logprobs: Vec::new(),
@@ -1002,7 +1035,10 @@ impl Scheduler {
                 ignore_eos: seq.ignore_eos,
                 max_tokens: seq.max_tokens,
             };
-            if let Some(reason) = rule.after(sampled.token, seq.output_len()) {
+            let reason = rule
+                .after(sampled.token, seq.output_len())
+                .or(constraint_ended.then_some(FinishReason::Stop));
+            if let Some(reason) = reason {
                 ended.push((updates.len(), plan.slot, reason));
             }
             updates.push(TokenUpdate {

@@ -138,6 +138,7 @@ impl Generation {
             if let Some(seed) = request.sampling.seed.as_mut() {
                 *seed = seed.wrapping_add(index as u64);
             }
+            request.constraint = validated.grammar.as_ref().map(|g| g.constraint());
             let (engine_id, mut rx) = engine
                 .submit(request)
                 .map_err(|e| validated.fields.api_error(e))?;

@@ -23,6 +23,7 @@ pub mod request;
 pub mod response;
 pub mod routes;
 pub mod state;
+pub mod structured;
 pub mod text;
 pub mod validate;
 

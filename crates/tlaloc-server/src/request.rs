@@ -92,8 +92,13 @@ macro_rules! with_shared_fields {
             ignore_eos: Option<bool>,
             /// Accepted only when it equals `n`.
             best_of: Option<i64>,
-            /// Accepted only when empty.
+            /// Token id (as a string) to a bias in [-100, 100], added to its logit before
+            /// sampling (greedy too).
             logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+            /// `text`, `json_object`, or `json_schema` with a schema the output follows.
+            response_format: Option<crate::structured::ResponseFormat>,
+            /// vLLM's constraints: one of `json`, `regex`, `choice`, `grammar`, `json_object`.
+            structured_outputs: Option<crate::structured::StructuredOutputs>,
         }
     };
 }

@@ -14,6 +14,7 @@ use tlaloc_runtime::EngineHandle;
 use crate::chat::{ChatTemplate, ChatTemplateError};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::structured::Grammars;
 use crate::text::{TextCodec, TextError};
 
 /// How the server behaves.
@@ -83,6 +84,8 @@ pub struct ModelText {
     pub codec: TextCodec,
     /// The chat template; `None` refuses chat requests by name.
     pub chat: Option<ChatTemplate>,
+    /// The `tokenizer.json` it was read from (structured outputs read its vocabulary).
+    pub tokenizer_json: std::path::PathBuf,
 }
 
 /// A special token in `tokenizer_config.json`: a string or `{"content": ...}`.
@@ -145,7 +148,11 @@ impl ModelText {
         let chat = template
             .map(|t| ChatTemplate::new(t, bos_token, eos_token))
             .transpose()?;
-        Ok(Self { codec, chat })
+        Ok(Self {
+            codec,
+            chat,
+            tokenizer_json: tokenizer.to_owned(),
+        })
     }
 }
 
@@ -186,6 +193,8 @@ pub struct AppState {
     pub started_at: u64,
     /// Metrics.
     pub metrics: Metrics,
+    /// Compiled grammars of structured outputs.
+    pub grammars: Grammars,
 }
 
 /// The state as handlers hold it.
@@ -207,9 +216,11 @@ impl Drop for Admission {
 impl AppState {
     /// State with no engine yet (`/ready` answers 503 until [`AppState::set_engine`]).
     pub fn new(config: ServerConfig, text: ModelText) -> SharedState {
+        let grammars = Grammars::new(text.tokenizer_json.clone());
         Arc::new(AppState {
             config,
             text,
+            grammars,
             engine: OnceLock::new(),
             admitted: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),

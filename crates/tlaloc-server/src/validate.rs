@@ -15,6 +15,7 @@ use crate::request::{
     Stop, TokenizeRequest,
 };
 use crate::state::AppState;
+use crate::structured::{self, CompiledGrammar};
 
 /// The most choices one request may ask for.
 pub const MAX_N: u32 = 16;
@@ -47,6 +48,7 @@ impl RefusalFields {
                     | Refusal::ZeroMaxTokens => self.max_tokens,
                     Refusal::Sampling(s) => s.field,
                     Refusal::TooManyLogprobs { .. } => "logprobs",
+                    Refusal::BiasTokenOutOfVocabulary { .. } => "logit_bias",
                 };
                 let e = ApiError::invalid(param, refusal.to_string());
                 match refusal {
@@ -76,6 +78,8 @@ pub struct ValidatedGeneration {
     pub include_usage: bool,
     /// Where the engine's refusals of this request point.
     pub fields: RefusalFields,
+    /// The grammar its output follows (`response_format`, `structured_outputs`).
+    pub grammar: Option<CompiledGrammar>,
 }
 
 /// A `/tokenize` request, checked and tokenized.
@@ -115,7 +119,9 @@ impl CompletionRequest {
             prompt: "prompt",
             max_tokens: "max_tokens",
         };
-        common.check(common.max_tokens, logprobs, prompt_ids, fields)
+        let mut validated = common.check(common.max_tokens, logprobs, prompt_ids, fields)?;
+        validated.grammar = grammar(state, &common)?;
+        Ok(validated)
     }
 }
 
@@ -152,7 +158,9 @@ impl ChatRequest {
             prompt: "messages",
             max_tokens: max_field,
         };
-        common.check(max_tokens, logprobs, prompt_ids, fields)
+        let mut validated = common.check(max_tokens, logprobs, prompt_ids, fields)?;
+        validated.grammar = grammar(state, &common)?;
+        Ok(validated)
     }
 }
 
@@ -203,6 +211,23 @@ impl DetokenizeRequest {
             tokens: self.tokens,
         })
     }
+}
+
+/// The grammar `response_format` or `structured_outputs` asks for, compiled (or taken from the
+/// cache) for the served vocabulary.
+fn grammar(state: &AppState, common: &CommonFields) -> Result<Option<CompiledGrammar>, ApiError> {
+    let Some(spec) = structured::requested(
+        common.response_format.as_ref(),
+        common.structured_outputs.as_ref(),
+    )?
+    else {
+        return Ok(None);
+    };
+    let shape = state.ready_engine()?.shape();
+    state
+        .grammars
+        .compile(&spec, shape.vocab_size, &shape.eos_token_ids)
+        .map(Some)
 }
 
 fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
@@ -383,12 +408,7 @@ impl CommonFields {
                 format!("`best_of` = {b} refused: only best_of equal to n ({n}) is served"),
             ));
         }
-        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                "`logit_bias` refused: it is not served; send it empty or leave it out",
-            ));
-        }
+        let logit_bias = check_logit_bias(self.logit_bias.as_ref())?;
         let temperature = range_f32(
             "temperature",
             self.temperature,
@@ -492,6 +512,7 @@ impl CommonFields {
                     repetition_penalty,
                     presence_penalty,
                     frequency_penalty,
+                    logit_bias,
                 },
                 stop: StopParams {
                     stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
@@ -500,12 +521,41 @@ impl CommonFields {
                 logprobs,
                 ignore_eos: self.ignore_eos.unwrap_or(false),
                 sequence: None,
+                constraint: None,
             },
             n,
             stop,
             stream,
             include_usage,
             fields,
+            grammar: None,
         })
     }
+}
+
+/// `logit_bias`: token ids as decimal strings, each to a number in [-100, 100] (the engine
+/// checks the ids against the vocabulary).
+fn check_logit_bias(
+    bias: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(bias) = bias else {
+        return Ok(Vec::new());
+    };
+    bias.iter()
+        .map(|(key, value)| {
+            let token: u32 = key.parse().map_err(|_| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` key `{key}` refused: keys are token ids (decimal integers)"),
+                )
+            })?;
+            match value.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((token, b as f32)),
+                _ => Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` value {value} for token {token} refused: a number in [-100, 100]"),
+                )),
+            }
+        })
+        .collect()
 }

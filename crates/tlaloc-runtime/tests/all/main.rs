@@ -1,5 +1,6 @@
 //! The runtime's integration tests, linked into one binary.
 
+mod constrained;
 mod engine_runs;
 mod fake;
 mod model_runs;

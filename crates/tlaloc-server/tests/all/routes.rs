@@ -123,8 +123,18 @@ async fn every_invalid_field_is_refused_with_400_naming_it() {
         ("/v1/completions", with("echo", json!(true)), "echo"),
         (
             "/v1/completions",
-            with("logit_bias", json!({"5": 1})),
+            with("logit_bias", json!({"5": 500})),
             "logit_bias",
+        ),
+        (
+            "/v1/completions",
+            with("logit_bias", json!({"five": 1})),
+            "logit_bias",
+        ),
+        (
+            "/v1/completions",
+            with("structured_outputs", json!({"regex": "a", "choice": ["b"]})),
+            "structured_outputs",
         ),
         (
             "/v1/completions",

@@ -277,6 +277,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         logprobs: None,
         ignore_eos: args.ignore_eos,
         sequence: None,
+        constraint: None,
     };
 
     let compile = if args.eager_compile {
