@@ -104,6 +104,16 @@ TOKENIZER_TEXTS = [
     "fn main() {\n    let x: Vec<u8> = vec![1, 2, 3];\n    println!(\"{:?}\", x);\n}",
     "",
 ]
+# Gemma's own markup and the spacing a sentencepiece vocabulary treats specially.
+GEMMA3_TOKENIZER_TEXTS = [
+    *TOKENIZER_TEXTS,
+    "<start_of_turn>user\nHello there<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>already there<eos>",
+    " leading space",
+    "  two leading spaces, trailing two  ",
+    "tab\tand\r\nwindows line",
+    "unknown to the vocab: \U0001fae8\U0001fab7 \u0f3a\u0f3b",
+]
 
 
 def sha256_file(path: pathlib.Path) -> str:
@@ -237,9 +247,9 @@ def run_case(model, tokenizer, eos, name, kind, prompt_ids, new_tokens, *, text=
     return record, tensors
 
 
-def tokenizer_cases(tokenizer):
+def tokenizer_cases(tokenizer, texts=TOKENIZER_TEXTS):
     cases = []
-    for text in TOKENIZER_TEXTS:
+    for text in texts:
         for add_special_tokens in (False, True):
             ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
             cases.append({"text": text, "add_special_tokens": add_special_tokens, "ids": list(ids)})
@@ -350,6 +360,7 @@ def gemma3(gguf: pathlib.Path, the_versions: dict):
         "bos_token_id": config.bos_token_id,
         "tensor_hashes": tensor_hashes(model),
         "cases": cases,
+        "tokenizer_cases": tokenizer_cases(tokenizer, GEMMA3_TOKENIZER_TEXTS),
     }
     return golden, tensors
 

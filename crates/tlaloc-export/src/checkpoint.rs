@@ -713,8 +713,8 @@ impl Checkpoint {
     }
 
     /// Opens a `.gguf` file without rebuilding its tokenizer: the artifact made from it takes
-    /// and returns token ids only. For checking the numerics of a model whose GGUF vocabulary
-    /// (SentencePiece, `tokenizer.ggml.model` llama) is not rebuilt yet.
+    /// and returns token ids only. For checking a model's numerics without the cost of
+    /// rebuilding a large vocabulary.
     pub fn open_gguf_token_ids_only(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_gguf_with(path.as_ref(), false)
     }

