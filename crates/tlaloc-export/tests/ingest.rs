@@ -1042,6 +1042,35 @@ fn phi3_fused_projections_split_and_longrope_is_refused() {
     );
 }
 
+/// A GGUF writer holding `config`'s shape under `arch`'s keys the way llama.cpp writes them
+/// (`head_dim_key` is where that architecture puts the head size) and a placeholder `gpt2`
+/// vocabulary of the config's size; the caller adds the tensors.
+fn gguf_header_of(c: &tlaloc_export::ModelConfig, arch: &str, head_dim_key: &str) -> GgufWriter {
+    let mut w = GgufWriter::new(arch);
+    for (k, v) in [
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("block_count", c.num_hidden_layers),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        (head_dim_key, c.head_dim),
+        ("context_length", c.max_position_embeddings),
+    ] {
+        w.u32(&format!("{arch}.{k}"), v as u32);
+    }
+    w.f32(
+        &format!("{arch}.attention.layer_norm_rms_epsilon"),
+        c.rms_norm_eps as f32,
+    );
+    w.f32(&format!("{arch}.rope.freq_base"), c.rope_theta as f32);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    w
+}
+
 /// The Phi-3 fixture rewritten as an f32 GGUF the way llama.cpp writes Phi-3 (`phi3.*` keys,
 /// fused `attn_qkv`, gate and up fused in `ffn_up`, no Q/K row permutation) reads back to the
 /// same config and tensors, bit for bit.
@@ -1050,28 +1079,7 @@ fn phi3_as_gguf_reads_back_as_the_safetensors_fixture() {
     use tlaloc_export::LayerRole;
     let st = Checkpoint::open(support::fixture("tiny-phi3-fused")).unwrap();
     let c = &st.config;
-    let mut w = GgufWriter::new("phi3");
-    for (k, v) in [
-        ("embedding_length", c.hidden_size),
-        ("feed_forward_length", c.intermediate_size),
-        ("block_count", c.num_hidden_layers),
-        ("attention.head_count", c.num_attention_heads),
-        ("attention.head_count_kv", c.num_key_value_heads),
-        ("rope.dimension_count", c.head_dim),
-        ("context_length", c.max_position_embeddings),
-    ] {
-        w.u32(&format!("phi3.{k}"), v as u32);
-    }
-    w.f32(
-        "phi3.attention.layer_norm_rms_epsilon",
-        c.rms_norm_eps as f32,
-    );
-    w.f32("phi3.rope.freq_base", c.rope_theta as f32);
-    w.string("tokenizer.ggml.model", "gpt2");
-    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
-    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    w.strings("tokenizer.ggml.tokens", &tokens);
-    w.strings("tokenizer.ggml.merges", &[]);
+    let mut w = gguf_header_of(c, "phi3", "rope.dimension_count");
     let f32_bytes = |roles: &[TensorRole]| -> (Vec<usize>, Vec<u8>) {
         let mut dims: Vec<usize> = Vec::new();
         let mut bytes = Vec::new();
@@ -1131,28 +1139,7 @@ fn phi3_as_gguf_reads_back_as_the_safetensors_fixture() {
 fn qwen3_as_gguf_reads_back_as_the_safetensors_fixture() {
     let st = Checkpoint::open(support::fixture("tiny-qwen3-qknorm")).unwrap();
     let c = &st.config;
-    let mut w = GgufWriter::new("qwen3");
-    for (k, v) in [
-        ("embedding_length", c.hidden_size),
-        ("feed_forward_length", c.intermediate_size),
-        ("block_count", c.num_hidden_layers),
-        ("attention.head_count", c.num_attention_heads),
-        ("attention.head_count_kv", c.num_key_value_heads),
-        ("attention.key_length", c.head_dim),
-        ("context_length", c.max_position_embeddings),
-    ] {
-        w.u32(&format!("qwen3.{k}"), v as u32);
-    }
-    w.f32(
-        "qwen3.attention.layer_norm_rms_epsilon",
-        c.rms_norm_eps as f32,
-    );
-    w.f32("qwen3.rope.freq_base", c.rope_theta as f32);
-    w.string("tokenizer.ggml.model", "gpt2");
-    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
-    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    w.strings("tokenizer.ggml.tokens", &tokens);
-    w.strings("tokenizer.ggml.merges", &[]);
+    let mut w = gguf_header_of(c, "qwen3", "attention.key_length");
     for role in st.roles() {
         let t = st.tensor(role).unwrap();
         let ne: Vec<u64> = t.dims.iter().rev().map(|&d| d as u64).collect();
