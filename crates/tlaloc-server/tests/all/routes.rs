@@ -567,17 +567,10 @@ async fn a_dropped_request_aborts_its_sequence() {
     assert!(h.engine.stats().generation_tokens_total < 100);
 }
 
-#[tokio::test]
-async fn metrics_count_tokens_and_latencies_under_the_prefix() {
-    let h = quick();
-    let (status, _) = call(
-        &h,
-        "/v1/completions",
-        json!({"prompt": [1, 2], "max_tokens": 6}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let response = send(&h, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+/// The server's `/metrics` page, read once: a lookup of a sample by its full name (labels
+/// included), which panics naming the sample when it is missing.
+async fn metrics_of(h: &Harness) -> impl Fn(&str) -> f64 {
+    let response = send(h, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     let text = String::from_utf8(
         response
             .into_body()
@@ -588,11 +581,24 @@ async fn metrics_count_tokens_and_latencies_under_the_prefix() {
             .to_vec(),
     )
     .unwrap();
-    let value = |name: &str| -> f64 {
+    move |name: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
-    };
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_tokens_and_latencies_under_the_prefix() {
+    let h = quick();
+    let (status, _) = call(
+        &h,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "max_tokens": 6}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let value = metrics_of(&h).await;
     assert_eq!(value("tlaloc:prompt_tokens_total"), 2.0);
     assert_eq!(value("tlaloc:generation_tokens_total"), 6.0);
     // The first token comes from the prompt's prefill step, the other five from decode steps;
@@ -624,22 +630,7 @@ async fn metrics_count_prefix_cache_lookups_and_hit_tokens() {
         .await;
         assert_eq!(status, StatusCode::OK);
     }
-    let response = send(&h, Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    let text = String::from_utf8(
-        response
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec(),
-    )
-    .unwrap();
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
-    };
+    let value = metrics_of(&h).await;
     assert_eq!(value("tlaloc:prefix_cache_lookups_total"), 2.0);
     assert_eq!(value("tlaloc:prefix_cache_lookup_hits_total"), 1.0);
     assert_eq!(value("tlaloc:prefix_cache_queries_total"), 80.0);
