@@ -16,9 +16,9 @@ use std::path::Path;
 use half::bf16;
 use tlaloc_artifact::{
     ArtifactError, ArtifactWriter, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
-    LadderError, LadderOptions, Manifest, ManifestModel, ManifestRopeScaling, ManifestSourceFile,
-    ManifestTokenizer, OperandRole, PaddingContract, ProgramSignature, Provenance,
-    SignatureMismatch, SourceCheckpoint, TensorSpec,
+    Ladder, LadderError, LadderOptions, Manifest, ManifestModel, ManifestRopeScaling,
+    ManifestSourceFile, ManifestTokenizer, OperandRole, PaddingContract, ProgramSignature,
+    Provenance, SignatureMismatch, SourceCheckpoint, TensorSpec,
 };
 use tlaloc_hlo::Module;
 
@@ -101,12 +101,19 @@ pub fn export(
     options: &ExportOptions,
     progress: &mut dyn FnMut(ExportProgress),
 ) -> Result<ExportSummary, ExportError> {
+    // Refused before the checkpoint is read; export_checkpoint checks the same for its callers.
+    checked_ladder(options)?;
+    let checkpoint = Checkpoint::open(checkpoint)?;
+    export_checkpoint(&checkpoint, out, options, progress)
+}
+
+/// The options' dtype (f32 or bf16) checked and their ladder built: what every export
+/// refuses before it reads a tensor.
+fn checked_ladder(options: &ExportOptions) -> Result<Ladder, ExportError> {
     if !matches!(options.dtype, Dtype::F32 | Dtype::Bf16) {
         return Err(ExportError::UnsupportedDtype(options.dtype));
     }
-    options.ladder.ladder()?;
-    let checkpoint = Checkpoint::open(checkpoint)?;
-    export_checkpoint(&checkpoint, out, options, progress)
+    Ok(options.ladder.ladder()?)
 }
 
 /// Exports an already opened checkpoint into the artifact directory `out`.
@@ -116,10 +123,7 @@ pub fn export_checkpoint(
     options: &ExportOptions,
     progress: &mut dyn FnMut(ExportProgress),
 ) -> Result<ExportSummary, ExportError> {
-    if !matches!(options.dtype, Dtype::F32 | Dtype::Bf16) {
-        return Err(ExportError::UnsupportedDtype(options.dtype));
-    }
-    let ladder = options.ladder.ladder()?;
+    let ladder = checked_ladder(options)?;
     let config = &checkpoint.config;
     let plan = WeightPlan::new(config, options.dtype, ladder.max_context);
     let model = artifact_model(config);
