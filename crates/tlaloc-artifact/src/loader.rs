@@ -231,6 +231,37 @@ impl Artifact {
         Ok(bytes)
     }
 
+    /// Reads the weight `slot`'s file into `into`, which must be exactly its byte length (for
+    /// a loader that reuses one buffer, such as memory mapped for DMA, across weights).
+    pub fn read_weight_into(&self, slot: &str, into: &mut [u8]) -> Result<(), ArtifactError> {
+        use std::io::Read as _;
+        let weight =
+            self.manifest
+                .weight(slot)
+                .ok_or_else(|| ArtifactError::UnknownWeightSlot {
+                    slot: slot.to_owned(),
+                })?;
+        let path = self.resolve_weight(weight)?;
+        let mismatch = |found: u64| ArtifactError::WeightLengthMismatch {
+            file: weight.file.clone(),
+            slot: weight.slot.clone(),
+            expected: weight.byte_length,
+            found,
+        };
+        assert_eq!(
+            into.len() as u64,
+            weight.byte_length,
+            "read_weight_into: the buffer for {slot} must be its byte length"
+        );
+        let mut file = std::fs::File::open(&path).map_err(io_error(&path))?;
+        let found = file.metadata().map_err(io_error(&path))?.len();
+        if found != weight.byte_length {
+            return Err(mismatch(found));
+        }
+        file.read_exact(into).map_err(io_error(&path))?;
+        Ok(())
+    }
+
     fn resolve_weight(&self, weight: &WeightEntry) -> Result<PathBuf, ArtifactError> {
         paths::resolve(
             &self.root,

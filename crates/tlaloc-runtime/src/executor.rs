@@ -167,6 +167,11 @@ pub struct LoadTimings {
     pub compile: Duration,
     /// Uploading weights to the device (overlaps `compile`).
     pub upload_weights: Duration,
+    /// Of the upload, reading weight files into host memory, summed over the upload threads.
+    pub upload_read: Duration,
+    /// Of the upload, handing bytes to the plugin until it no longer reads them, summed over
+    /// the upload threads.
+    pub upload_transfer: Duration,
     /// Allocating the zero-filled K/V pools on the device (overlaps `compile`).
     pub allocate_pools: Duration,
     /// From the start of loading to ready.

@@ -209,6 +209,8 @@ pub fn load_json(timings: Option<&LoadTimings>, cache_enabled: bool) -> Value {
         "client_ms": ms(t.client),
         "compile_ms": ms(t.compile),
         "upload_weights_ms": ms(t.upload_weights),
+        "upload_read_thread_ms": ms(t.upload_read),
+        "upload_transfer_thread_ms": ms(t.upload_transfer),
         "allocate_pools_ms": ms(t.allocate_pools),
         "compiled": t.compiled,
         "cache_hits": t.cache_hits,
