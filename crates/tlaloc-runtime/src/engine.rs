@@ -49,6 +49,10 @@ pub enum TokenEvent {
         usage: Usage,
         /// Time split.
         timings: RequestTimings,
+        /// When the engine produced the request's first token and its end, with its step
+        /// counts then (stamped by the engine, so a listener that reads events late still
+        /// learns when they happened).
+        marks: Box<StepMarks>,
     },
     /// The request failed inside the engine (always the last event).
     Error {
@@ -95,6 +99,24 @@ pub struct StepStats {
     /// Decode steps that ran chained after another on the device (their token ids never
     /// came through the host).
     pub decode_chained_steps: u64,
+}
+
+/// The engine's clock and cumulative step counts at a moment of a request's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepMark {
+    /// When.
+    pub at: Instant,
+    /// The engine's step counts right after the step that produced it.
+    pub steps: StepStats,
+}
+
+/// A finished request's marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepMarks {
+    /// Its first generated token (none when it ended before one).
+    pub first_token: Option<StepMark>,
+    /// Its end.
+    pub finished: StepMark,
 }
 
 /// A snapshot of the engine's state.
@@ -321,6 +343,7 @@ impl Engine {
                     executor,
                     scheduler,
                     listeners: HashMap::new(),
+                    first_tokens: HashMap::new(),
                     stats: thread_stats,
                     totals: EngineStats::default(),
                 };
@@ -485,6 +508,7 @@ impl EngineHandle {
                     reason,
                     usage,
                     timings,
+                    ..
                 } => {
                     result.finish_reason = reason;
                     result.usage = usage;
@@ -511,6 +535,8 @@ struct Actor<E> {
     executor: E,
     scheduler: Scheduler,
     listeners: HashMap<RequestId, UnboundedSender<TokenEvent>>,
+    /// Each running request's first-token mark, until it finishes.
+    first_tokens: HashMap<RequestId, StepMark>,
     stats: Arc<Mutex<EngineStats>>,
     totals: EngineStats,
 }
@@ -591,7 +617,8 @@ impl<E: ModelExecutor> Actor<E> {
             // Counts first, so that a listener woken by the event sees the pages freed.
             self.publish();
             if let Some(listener) = self.listeners.remove(&id) {
-                let _ = listener.send(finished_event(finish));
+                let marks = self.marks_at_finish(id);
+                let _ = listener.send(finished_event(finish, marks));
             }
         }
     }
@@ -712,9 +739,12 @@ impl<E: ModelExecutor> Actor<E> {
                 logprob: update.sampled.logprob,
                 top_logprobs: update.sampled.top_logprobs,
             };
+            let now = self.mark();
+            self.first_tokens.entry(update.id).or_insert(now);
             let finished = update.finish.map(|finish| {
                 self.totals.requests_finished += 1;
-                finished_event(finish)
+                let marks = self.marks_at_finish(update.id);
+                finished_event(finish, marks)
             });
             let listener = if finished.is_some() {
                 self.listeners.remove(&update.id)
@@ -743,7 +773,23 @@ impl<E: ModelExecutor> Actor<E> {
         }
     }
 
+    fn mark(&self) -> StepMark {
+        StepMark {
+            at: Instant::now(),
+            steps: self.totals.steps,
+        }
+    }
+
+    /// The marks of request `id` finishing now (its first-token mark is then forgotten).
+    fn marks_at_finish(&mut self, id: RequestId) -> StepMarks {
+        StepMarks {
+            first_token: self.first_tokens.remove(&id),
+            finished: self.mark(),
+        }
+    }
+
     fn fail(&mut self, id: RequestId, message: String) {
+        self.first_tokens.remove(&id);
         self.totals.requests_finished += 1;
         self.publish();
         if let Some(listener) = self.listeners.remove(&id) {
@@ -776,11 +822,12 @@ fn decode_chain_for(per_step: Duration, window: Duration, limit: usize) -> usize
     fits.clamp(1, limit.max(1))
 }
 
-fn finished_event(finish: Finish) -> TokenEvent {
+fn finished_event(finish: Finish, marks: StepMarks) -> TokenEvent {
     TokenEvent::Finished {
         reason: finish.reason,
         usage: finish.usage,
         timings: finish.timings,
+        marks: Box::new(marks),
     }
 }
 

@@ -30,8 +30,8 @@ pub mod stop;
 
 pub use constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
 pub use engine::{
-    Engine, EngineError, EngineHandle, EngineOptions, EngineStats, GenerateResult, StepStats,
-    TokenEvent,
+    Engine, EngineError, EngineHandle, EngineOptions, EngineStats, GenerateResult, StepMark,
+    StepMarks, StepStats, TokenEvent,
 };
 pub use executor::{
     DECODE_CHAIN_WINDOW, EntryKind, ExecutorError, Ladder, LadderPoint, LoadTimings, ModelExecutor,

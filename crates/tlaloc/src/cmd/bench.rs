@@ -3,9 +3,10 @@
 //!
 //! For a batch of B, after an untimed warm-up run of the same shapes, B requests of seeded
 //! random prompt ids are submitted at once, each ignoring end-of-sequence and asking for exactly
-//! `gen-len` tokens. The decode window opens when the last of them has its first token (all B prefilled) and closes when the first one finishes, so
-//! every decode step inside it carries all B rows; the engine's cumulative step counters, read
-//! at both ends, give the steps, rows and host-time split of the window.
+//! `gen-len` tokens. The decode window opens when the last of them has its first token (all B
+//! prefilled) and closes when the first one finishes, so every decode step inside it carries all
+//! B rows; the engine's cumulative step counters and clock, stamped by the engine at both
+//! moments, give the steps, rows, wall time and host-time split of the window.
 //!
 //! The floor is (weight bytes + K/V bytes of every row at the window's mean context) divided by
 //! a bandwidth: `--bandwidth-gbps` when the caller measured one, else, on a CPU plugin, a host
@@ -14,13 +15,13 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde_json::{Value, json};
 use tlaloc_runtime::{
-    CompileMode, EngineHandle, EngineStats, GenerateRequest, StepTimings, TokenEvent,
+    CompileMode, EngineHandle, GenerateRequest, StepMark, StepMarks, StepTimings, TokenEvent,
 };
 
 use crate::cmd::generate::{EngineArgs, load_json, ms, split_json};
@@ -63,14 +64,6 @@ pub struct BenchArgs {
 struct Bandwidth {
     gbps: f64,
     source: String,
-}
-
-/// One point of a request stream that the decode window is cut at.
-#[derive(Debug)]
-enum Mark {
-    FirstToken,
-    Finished,
-    Failed(String),
 }
 
 /// One batch's measurements.
@@ -276,7 +269,10 @@ fn run_batch(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<Ba
         bail!("the engine is busy: {before:?}");
     }
     let started = Instant::now();
-    let (marks_tx, marks_rx) = mpsc::channel::<(Mark, Instant, EngineStats)>();
+    // Each listener reports its request's engine-side marks; the window is cut at those, not
+    // at when a listener thread happened to run (on a loaded machine it runs late, and its
+    // sample of the counts would take in steps after the window).
+    let (marks_tx, marks_rx) = mpsc::channel::<Result<StepMarks, String>>();
     let mut listeners = Vec::with_capacity(batch);
     for _ in 0..batch {
         let mut request = GenerateRequest::greedy(
@@ -286,65 +282,60 @@ fn run_batch(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<Ba
         request.ignore_eos = true;
         let (_, mut events) = engine.submit(request)?;
         let marks = marks_tx.clone();
-        let stats = engine.clone();
         listeners.push(std::thread::spawn(move || {
-            let mut first = true;
             while let Some(event) = events.blocking_recv() {
-                let mark = match event {
-                    TokenEvent::Token { .. } if first => {
-                        first = false;
-                        Mark::FirstToken
+                match event {
+                    TokenEvent::Token { .. } => {}
+                    TokenEvent::Finished { marks: m, .. } => {
+                        let _ = marks.send(Ok(*m));
+                        return;
                     }
-                    TokenEvent::Token { .. } => continue,
-                    TokenEvent::Finished { .. } => Mark::Finished,
-                    TokenEvent::Error { message } => Mark::Failed(message),
-                };
-                let done = !matches!(mark, Mark::FirstToken);
-                let _ = marks.send((mark, Instant::now(), stats.stats()));
-                if done {
-                    return;
+                    TokenEvent::Error { message } => {
+                        let _ = marks.send(Err(message));
+                        return;
+                    }
                 }
             }
-            let _ = marks.send((
-                Mark::Failed("the stream ended early".into()),
-                Instant::now(),
-                stats.stats(),
-            ));
+            let _ = marks.send(Err("the stream ended early".into()));
         }));
     }
     drop(marks_tx);
 
-    let mut first_tokens = 0;
-    let mut finished = 0;
-    let mut window_start = None;
-    let mut window_end = None;
-    for (mark, at, stats) in marks_rx {
-        match mark {
-            Mark::FirstToken => {
-                first_tokens += 1;
-                if first_tokens == batch {
-                    window_start = Some((at, stats));
-                }
-            }
-            Mark::Finished => {
-                finished += 1;
-                if window_end.is_none() {
-                    window_end = Some((at, stats));
-                }
-            }
-            Mark::Failed(message) => bail!("batch {batch}: a request failed: {message}"),
+    let mut window_start: Option<StepMark> = None;
+    let mut window_end: Option<StepMark> = None;
+    for marks in marks_rx {
+        let marks =
+            marks.map_err(|message| anyhow!("batch {batch}: a request failed: {message}"))?;
+        let Some(first) = marks.first_token else {
+            bail!("batch {batch}: a request finished without a token");
+        };
+        // The window opens at the last first token (every row prefilled) and closes at the
+        // first finish.
+        if window_start.is_none_or(|s| first.steps.decode_steps > s.steps.decode_steps) {
+            window_start = Some(first);
+        }
+        if window_end.is_none_or(|e| marks.finished.steps.decode_steps < e.steps.decode_steps) {
+            window_end = Some(marks.finished);
         }
     }
     for listener in listeners {
         let _ = listener.join();
     }
     let total = started.elapsed();
-    let (Some((start_at, start)), Some((end_at, end))) = (window_start, window_end) else {
-        bail!(
-            "batch {batch}: {first_tokens} first tokens and {finished} finishes seen; no decode window"
-        );
+    let (
+        Some(StepMark {
+            at: start_at,
+            steps: start,
+        }),
+        Some(StepMark {
+            at: end_at,
+            steps: end,
+        }),
+    ) = (window_start, window_end)
+    else {
+        bail!("batch {batch}: no request finished; no decode window");
     };
-    if end.steps.decode_steps <= start.steps.decode_steps {
+    if end.decode_steps <= start.decode_steps {
         bail!(
             "batch {batch}: no decode step ran with all {batch} rows (the first request finished while the last was still in prefill); raise --gen-len"
         );
@@ -357,10 +348,10 @@ fn run_batch(engine: &EngineHandle, args: &BenchArgs, batch: usize) -> Result<Ba
         prefill_tokens: after.steps.prefill_tokens - before.steps.prefill_tokens,
         prefill_time: sub(after.steps.prefill_time, before.steps.prefill_time),
         all_prefilled: start_at - started,
-        decode_steps: end.steps.decode_steps - start.steps.decode_steps,
-        decode_chained_steps: end.steps.decode_chained_steps - start.steps.decode_chained_steps,
-        decode_rows: end.steps.decode_rows - start.steps.decode_rows,
-        decode_time: sub(end.steps.decode_time, start.steps.decode_time),
+        decode_steps: end.decode_steps - start.decode_steps,
+        decode_chained_steps: end.decode_chained_steps - start.decode_chained_steps,
+        decode_rows: end.decode_rows - start.decode_rows,
+        decode_time: sub(end.decode_time, start.decode_time),
         decode_wall: end_at.saturating_duration_since(start_at),
         mean_context,
         floor_bytes: shape.decode_floor_bytes(&vec![mean_context; batch]),
