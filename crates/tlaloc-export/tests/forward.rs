@@ -223,6 +223,13 @@ fn int8_padding_writes_nothing_and_unowned_slots_are_untouched() {
     check_padding_and_unowned_slots(&dir, &tlaloc_pjrt::testing::test_plugin_paths());
 }
 
+/// The same for fp8 e4m3 pools (both CPU plugins run the type).
+#[test]
+fn fp8_padding_writes_nothing_and_unowned_slots_are_untouched() {
+    let dir = export_tiny_kv("tiny-llama-gqa", "forward-padding-fp8", Dtype::F8E4M3FN);
+    check_padding_and_unowned_slots(&dir, &tlaloc_pjrt::testing::test_plugin_paths());
+}
+
 /// The fixture `model` exported in f32 with [`tiny_ladder`] and K/V pools of `kv_dtype`.
 fn export_tiny_kv(model: &str, name: &str, kv_dtype: Dtype) -> PathBuf {
     let out = support::scratch_dir(name);

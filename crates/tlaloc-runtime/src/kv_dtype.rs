@@ -23,7 +23,12 @@ const F8E4M3FN_PROBE: &str = r#"module @tlaloc_fp8_probe {
 
 /// e4m3 bit patterns (sign, 4 exponent bits of bias 7, 3 mantissa bits) and their values:
 /// 1.0, 448 (the largest), -3.25, 2^-9 (the smallest subnormal).
-const PROBE_CODES: [(u8, f32); 4] = [(0x38, 1.0), (0x7E, 448.0), (0xC5, -3.25), (0x01, 1.0 / 512.0)];
+const PROBE_CODES: [(u8, f32); 4] = [
+    (0x38, 1.0),
+    (0x7E, 448.0),
+    (0xC5, -3.25),
+    (0x01, 1.0 / 512.0),
+];
 
 /// f32 values and the e4m3 code round-to-nearest-even gives each: 0.1 to 0.1015625
 /// (1.625 * 2^-4, `0x1D`; the neighbours are 0.09375 and 0.109375), 3.3 to 3.25 (the
@@ -65,7 +70,10 @@ fn probe_f8e4m3fn(
         .buffer_from_host(&values, &[4], device)
         .map_err(|e| fail("uploading the probe values", e))?;
     let outputs = exe
-        .execute(vec![ExecuteArg::Borrowed(&codes), ExecuteArg::Borrowed(&values)])
+        .execute(vec![
+            ExecuteArg::Borrowed(&codes),
+            ExecuteArg::Borrowed(&values),
+        ])
         .map_err(|e| fail("running a program with f8E4M3FN", e))?;
     let widened: Vec<f32> = outputs[0]
         .to_host_vec()

@@ -1015,9 +1015,7 @@ fn zero_pools_of(
         if done[i] {
             continue;
         }
-        let same: Vec<usize> = (i..specs.len())
-            .filter(|&j| specs[j] == specs[i])
-            .collect();
+        let same: Vec<usize> = (i..specs.len()).filter(|&j| specs[j] == specs[i]).collect();
         let buffers = zero_pools(
             client,
             device,
@@ -1030,7 +1028,10 @@ fn zero_pools_of(
             out[j] = Some(buffer);
         }
     }
-    Ok(out.into_iter().map(|b| b.expect("every spec filled")).collect())
+    Ok(out
+        .into_iter()
+        .map(|b| b.expect("every spec filled"))
+        .collect())
 }
 
 /// `count` zero-filled pools. One is uploaded from host zeros and the others are copied from
@@ -1088,9 +1089,7 @@ fn arg_plan(
                     unsupported(format!("weight slot {slot} is not in the manifest"))
                 })?)
             }
-            role if pool_index(role).is_some() => {
-                Source::Pool(pool_index(role).expect("matched"))
-            }
+            role if pool_index(role).is_some() => Source::Pool(pool_index(role).expect("matched")),
             other => {
                 return Err(unsupported(format!(
                     "input {} has role {other:?}",

@@ -893,7 +893,13 @@ fn write_and_read(
     let pages = g.in_attention_dtype(pages)?;
     let (scale_pool, scale_pages) = match (scale_pool, scales) {
         (Some(scale_pool), Some(scales)) => {
-            let updated = scatter_slots(g, scale_pool, scales, inputs, &[blocks, block_size, kv_heads])?;
+            let updated = scatter_slots(
+                g,
+                scale_pool,
+                scales,
+                inputs,
+                &[blocks, block_size, kv_heads],
+            )?;
             let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads])?;
             let pages = g.f.reshape(pages, [b, context, kv_heads])?;
             (Some(updated), Some(pages))
