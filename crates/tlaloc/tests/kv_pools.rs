@@ -1,6 +1,7 @@
 //! K/V pool dtypes through the runtime: the pools a loaded model allocates are the manifest's
 //! layout byte for byte (scales included) for f32, bf16, int8 and fp8 pools, and fp8 pools load
-//! only on a plugin that runs f8E4M3FN, refused by name on the others.
+//! only on a plugin that runs f8E4M3FN, refused by name on the others; served through the
+//! engine, quantized pools reproduce the fixture's goldens on their decided steps.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,9 @@ use tlaloc_artifact::{Dtype, LadderOptions};
 use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
-use tlaloc_runtime::{CompileMode, LoadError, LoadOptions, Model};
+use tlaloc_runtime::{
+    CompileMode, Engine, EngineOptions, GenerateRequest, LoadError, LoadOptions, Model, TokenEvent,
+};
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -106,6 +109,100 @@ fn pools_are_allocated_as_the_manifest_lays_them_out() {
                     eprintln!("fp8 pools on {}: refused: {text}", plugin.display());
                 }
             }
+        }
+    }
+}
+
+/// bf16's unit roundoff (8 significand bits).
+const BF16_UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
+
+/// Served through the engine (the runtime's own argument layout, pool allocation and
+/// donation of the scale pools), int8 and fp8 pools reproduce transformers' greedy ids on the
+/// fixture's goldens up to the first step whose golden top-1/top-2 margin is within twice the
+/// bf16 rule's bound (`sqrt((16 L + 2) / 3)` bf16 roundings of the top logit, see the export
+/// crate's `forward.rs`), which covers the pools' rounding: past it, either token is right.
+#[test]
+fn quantized_pools_serve_the_fixture_goldens() {
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("tests/data/goldens/tiny-llama-gqa.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    for kv_dtype in [Dtype::I8, Dtype::F8E4M3FN] {
+        let dir = export_tiny(kv_dtype);
+        let layers = tlaloc_artifact::Artifact::open(&dir)
+            .unwrap()
+            .manifest()
+            .model
+            .num_layers;
+        let units = ((16 * layers + 2) as f64 / 3.0).sqrt();
+        for plugin in test_plugin_paths() {
+            let engine = Engine::load_with_options(
+                &dir,
+                LoadOptions {
+                    plugin: PluginRequest::Path(plugin.clone()),
+                    compile: CompileMode::Lazy,
+                    compile_cache: None,
+                    ..LoadOptions::default()
+                },
+                EngineOptions::default(),
+            )
+            .unwrap();
+            for case in golden["cases"].as_array().unwrap() {
+                let want = ids(&case["greedy_ids"]);
+                let decided = case["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .position(|s| {
+                        let top = s["top_logits"].as_array().unwrap();
+                        let scale = top[0]
+                            .as_f64()
+                            .unwrap()
+                            .abs()
+                            .max(top[1].as_f64().unwrap().abs());
+                        s["margin"].as_f64().unwrap() <= 2.0 * units * BF16_UNIT_ROUNDOFF * scale
+                    })
+                    .unwrap_or(want.len());
+                let request = GenerateRequest {
+                    ignore_eos: true,
+                    ..GenerateRequest::greedy(ids(&case["prompt_ids"]), want.len())
+                };
+                let mut events = engine.submit(request).unwrap().1;
+                let mut got = Vec::new();
+                while let Some(event) = events.blocking_recv() {
+                    match event {
+                        TokenEvent::Token { id, .. } => got.push(id),
+                        TokenEvent::Finished { .. } => break,
+                        TokenEvent::Error { message } => panic!("{kv_dtype}: {message}"),
+                    }
+                }
+                eprintln!(
+                    "{kv_dtype} pools on {}, case {}: {} of {} decided steps match",
+                    plugin.display(),
+                    case["name"],
+                    got.iter()
+                        .zip(&want)
+                        .take(decided)
+                        .filter(|(a, b)| a == b)
+                        .count(),
+                    decided
+                );
+                assert_eq!(
+                    got[..decided],
+                    want[..decided],
+                    "{kv_dtype}, case {}",
+                    case["name"]
+                );
+            }
+            engine.shutdown();
         }
     }
 }
