@@ -88,6 +88,30 @@ fn pools_are_allocated_as_the_manifest_lays_them_out() {
         let per_token = expected_bytes_per_token(kv_dtype);
         assert_eq!(kv.bytes_per_token(), per_token, "{kv_dtype}");
         let slots = (kv.num_blocks * kv.block_size) as u64;
+        // `tlaloc inspect` states the dtype, the scale layout and the bytes per token.
+        let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_tlaloc"))
+            .arg("inspect")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&inspect.stdout);
+        let scales = if kv_dtype.is_kv_code_dtype() {
+            "f32 scales perTokenHead"
+        } else {
+            "no scales"
+        };
+        for needle in [
+            format!("{kv_dtype} pools, {scales}"),
+            format!(
+                "{per_token} bytes per token of context, {} bytes in all",
+                per_token * slots
+            ),
+        ] {
+            assert!(
+                text.contains(&needle),
+                "{needle:?} missing from inspect:\n{text}"
+            );
+        }
         for plugin in test_plugin_paths() {
             match load(&dir, &plugin) {
                 Ok(model) => {
