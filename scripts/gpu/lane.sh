@@ -4,15 +4,17 @@
 #
 # Run on a machine with an NVIDIA GPU whose python3 has torch and transformers and whose
 # site-packages hold the CUDA PJRT plugin (discovery finds it):
-#   TLALOC=target/release/tlaloc bash scripts/gpu/lane.sh OUT_DIR [correctness|speed|all] [SHAPES]
-# SHAPES: comma list of tinyllama-1.1b,llama3-8b (speed part). Model files are made there, in
+#   TLALOC=target/release/tlaloc bash scripts/gpu/lane.sh OUT_DIR [correctness|speed|kvq|all] [SHAPES]
+# SHAPES: comma list of tinyllama-1.1b,llama3-8b (speed part). `kvq` (not part of `all`): bf16,
+# int8 and fp8 K/V pools at the TinyLlama-1.1B shape, decode step time at batch 64 and 128,
+# context 2048, and the fp8 pools' greedy agreement with f32 pools. Model files are made there, in
 # $TLALOC_GPU_WORK (default /tmp/tlaloc-gpu), never copied in.
 # LANE_SECONDS bounds the whole run: transformers' baseline, the last and slowest part, gets
 # what is left (its finished rows stay in hf-SHAPE.log). HF_GEN and HF_REPEATS (default 64 and
 # 2) trade the baseline's precision for time on large shapes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=$(realpath -m "${1:?usage: lane.sh OUT_DIR [correctness|speed|all] [SHAPES]}")
+out=$(realpath -m "${1:?usage: lane.sh OUT_DIR [correctness|speed|kvq|all] [SHAPES]}")
 part=${2:-all}
 shapes=${3:-tinyllama-1.1b,llama3-8b}
 TLALOC=$(realpath "${TLALOC:-target/release/tlaloc}")
@@ -100,6 +102,65 @@ if [ "$part" = speed ] || [ "$part" = all ]; then
       --model "$model" --dtype bfloat16 --batches 1,8,32,64,128 --contexts 512,2048 \
       --gen "${HF_GEN:-64}" --repeats "${HF_REPEATS:-2}" > "$out/hf-$shape.log" 2>&1 || true
     grep '^RESULT ' "$out/hf-$shape.log" | sed 's/^RESULT //' > "$out/hf-$shape.json" || true
+  done
+fi
+if [ "$part" = kvq ]; then
+  # Agreement first (small and quick): a tiny random Llama in f32 with f32, int8 and fp8 pools;
+  # each prompt's greedy ids from the quantized pools against those of the f32 pools.
+  log "kvq: tiny random Llama, f32 weights, f32 / int8 / fp8 K/V pools"
+  model=$work/tiny-float32
+  python3 scripts/gpu/make_random_llama.py --shape tiny --dtype float32 --out "$model"
+  for kv in f32 int8 fp8; do
+    "$TLALOC" export --checkpoint "$model" --out "$work/tiny-kv-$kv.tlaloc" --dtype f32 \
+      --kv-dtype "$kv" --max-batch 4 --max-context 256 --prefill-chunk 64 --force \
+      > "$out/export-tiny-kv-$kv.txt" 2>&1 || { tail -20 "$out/export-tiny-kv-$kv.txt"; exit 1; }
+  done
+  python3 - "$TLALOC" "$work" > "$out/kvq-agreement.json" <<'PY'
+import json, subprocess, sys
+tlaloc, work = sys.argv[1], sys.argv[2]
+prompts = [[1, 5, 9, 33, 2, 7, 100], [1], list(range(300, 338)), [1, 2, 3, 4] * 16]
+def greedy(kv, prompt):
+    run = subprocess.run(
+        [tlaloc, "generate", "--artifact", f"{work}/tiny-kv-{kv}.tlaloc", "--plugin", "cuda",
+         "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "64", "--ignore-eos",
+         "--json"], capture_output=True, text=True)
+    if run.returncode != 0:
+        return {"error": run.stderr.strip()[-2000:]}
+    return json.loads(run.stdout)["generated_ids"]
+rows = []
+for prompt in prompts:
+    ref = greedy("f32", prompt)
+    row = {"prompt_len": len(prompt), "f32": ref}
+    for kv in ["int8", "fp8"]:
+        got = greedy(kv, prompt)
+        row[kv] = got
+        if isinstance(got, list) and isinstance(ref, list):
+            row[f"{kv}_agree"] = next(
+                (i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    rows.append(row)
+print(json.dumps({"cases": rows}))
+for r in rows:
+    print("prompt", r["prompt_len"], "int8", r.get("int8_agree"), "fp8", r.get("fp8_agree"),
+          "of 64", file=sys.stderr)
+PY
+  shape=tinyllama-1.1b
+  model=$work/$shape-bf16
+  log "kvq: $shape bf16 — make weights"
+  python3 scripts/gpu/make_random_llama.py --shape "$shape" --dtype bfloat16 --out "$model"
+  for kv in bf16 int8 fp8; do
+    artifact=$work/$shape-kv-$kv.tlaloc
+    log "kvq: $shape — export with $kv K/V pools"
+    "$TLALOC" export --checkpoint "$model" --out "$artifact" --dtype bf16 --kv-dtype "$kv" \
+      --batch-buckets 64,128 --context-buckets 2048 --block-size 16 --prefill-chunk 512 --force \
+      > "$out/export-$shape-kv-$kv.txt" 2>&1 || { tail -20 "$out/export-$shape-kv-$kv.txt"; exit 1; }
+    "$TLALOC" inspect "$artifact" > "$out/inspect-$shape-kv-$kv.txt" 2>&1 || true
+    rm -rf "$TLALOC_HOME/compile-cache"
+    # 1536 prompt + 512 generated tokens: the decode steps run at contexts up to 2048.
+    log "kvq: $shape — tlaloc bench, $kv pools, batch 64 and 128, context 2048"
+    "$TLALOC" bench --artifact "$artifact" --plugin cuda --batch 64,128 \
+      --prompt-len 1536 --gen-len 512 --bandwidth-gbps "$gbps" --json \
+      > "$out/bench-$shape-kv-$kv.json" 2> "$out/bench-$shape-kv-$kv.log" \
+      || tail -20 "$out/bench-$shape-kv-$kv.log"
   done
 fi
 log "done"

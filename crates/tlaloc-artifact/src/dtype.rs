@@ -14,17 +14,22 @@ pub enum Dtype {
     I32,
     I8,
     U8,
+    /// fp8 e4m3 without infinities (`f8E4M3FN`): 4 exponent bits, 3 mantissa bits, max 448;
+    /// the code type of fp8 K/V pools.
+    #[serde(rename = "f8e4m3fn")]
+    F8E4M3FN,
 }
 
 impl Dtype {
     /// Every dtype the format names, in a stable order (used in error messages).
-    pub const ALL: [Dtype; 6] = [
+    pub const ALL: [Dtype; 7] = [
         Dtype::F32,
         Dtype::Bf16,
         Dtype::F16,
         Dtype::I32,
         Dtype::I8,
         Dtype::U8,
+        Dtype::F8E4M3FN,
     ];
 
     /// Bytes per element.
@@ -32,7 +37,7 @@ impl Dtype {
         match self {
             Dtype::F32 | Dtype::I32 => 4,
             Dtype::Bf16 | Dtype::F16 => 2,
-            Dtype::I8 | Dtype::U8 => 1,
+            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3FN => 1,
         }
     }
 
@@ -45,12 +50,24 @@ impl Dtype {
             Dtype::I32 => "i32",
             Dtype::I8 => "i8",
             Dtype::U8 => "u8",
+            Dtype::F8E4M3FN => "f8e4m3fn",
         }
     }
 
     /// Whether weights, activations and KV pools may use this dtype in format version 1.
     pub const fn is_model_dtype(self) -> bool {
         matches!(self, Dtype::F32 | Dtype::Bf16)
+    }
+
+    /// Whether K/V pools may hold this dtype: a model dtype, or a quantized code type (i8,
+    /// f8e4m3fn) whose pools carry f32 scales beside them.
+    pub const fn is_kv_dtype(self) -> bool {
+        self.is_model_dtype() || self.is_kv_code_dtype()
+    }
+
+    /// Whether K/V pools of this dtype hold quantized codes with per-group scales.
+    pub const fn is_kv_code_dtype(self) -> bool {
+        matches!(self, Dtype::I8 | Dtype::F8E4M3FN)
     }
 
     /// Byte length of a dense tensor of this dtype with `dims`, or `None` on overflow.
@@ -79,5 +96,5 @@ impl std::str::FromStr for Dtype {
 
 /// A dtype name the format does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown dtype {0:?}; known: f32, bf16, f16, i32, i8, u8")]
+#[error("unknown dtype {0:?}; known: f32, bf16, f16, i32, i8, u8, f8e4m3fn")]
 pub struct UnknownDtype(pub String);

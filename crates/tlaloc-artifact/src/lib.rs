@@ -30,10 +30,10 @@ pub use ladder::{
 };
 pub use loader::{Artifact, VerifyReport, parse_manifest};
 pub use manifest::{
-    Entry, FORMAT_VERSION, KvCacheLayout, MANIFEST_FILE, Manifest, ManifestModel,
-    ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, PaddingContract, Provenance,
-    SourceCheckpoint, TokenizerFile, WeightEntry,
+    Entry, FORMAT_VERSION, KvCacheLayout, KvScaleGranularity, KvScales, MANIFEST_FILE, Manifest,
+    ManifestModel, ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, PaddingContract,
+    Provenance, SourceCheckpoint, TokenizerFile, WeightEntry,
 };
 pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
-pub use step::{StepInput, StepOutput};
+pub use step::{KvPool, PoolOperand, StepInput, StepOutput};
 pub use writer::{ArtifactWriter, ExistingDir};

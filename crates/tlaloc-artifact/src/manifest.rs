@@ -85,6 +85,11 @@ pub enum ManifestRopeScaling {
 /// Layout of the paged KV cache: one K and one V pool per layer, each
 /// `[numBlocks, blockSize, numKvHeads, headDim]`. Block `scratchBlock` (0) is never allocated;
 /// padded rows write there.
+///
+/// Pools of a quantized code dtype (i8, f8e4m3fn) carry `scales`: beside each K and V pool,
+/// one f32 scale per written token and KV head (`[numBlocks, blockSize, numKvHeads]`), so
+/// element `x` of a row is stored as the code `q = x / s` with `s = absmax(row) / codeMax`
+/// and read back as `q * s`. The other pool dtypes have no `scales`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KvCacheLayout {
@@ -95,10 +100,48 @@ pub struct KvCacheLayout {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub scratch_block: usize,
+    /// The scales of quantized pools; absent for f32 and bf16 pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales: Option<KvScales>,
+}
+
+/// The scales beside quantized K/V pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KvScales {
+    /// Always f32.
+    pub dtype: Dtype,
+    pub granularity: KvScaleGranularity,
+}
+
+/// Which elements share one scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KvScaleGranularity {
+    /// Each written token's row of one KV head (`headDim` elements) has its own scale, set
+    /// when the token is written and never changed after.
+    PerTokenHead,
+}
+
+impl KvScales {
+    /// The one scale layout the format knows.
+    pub const PER_TOKEN_HEAD: KvScales = KvScales {
+        dtype: Dtype::F32,
+        granularity: KvScaleGranularity::PerTokenHead,
+    };
+}
+
+impl std::fmt::Display for KvScaleGranularity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvScaleGranularity::PerTokenHead => "perTokenHead",
+        })
+    }
 }
 
 impl KvCacheLayout {
-    /// The layout for `model` with `num_blocks` blocks (scratch block included) of `block_size`.
+    /// The layout for `model` with `num_blocks` blocks (scratch block included) of `block_size`;
+    /// a quantized `dtype` gets per-token-and-head f32 scales.
     pub fn for_model(
         model: &ManifestModel,
         dtype: Dtype,
@@ -113,6 +156,7 @@ impl KvCacheLayout {
             num_kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
             scratch_block: 0,
+            scales: dtype.is_kv_code_dtype().then_some(KvScales::PER_TOKEN_HEAD),
         }
     }
 
@@ -134,6 +178,29 @@ impl KvCacheLayout {
             self.num_kv_heads,
             self.head_dim,
         ]
+    }
+
+    /// Dims of each layer's K (and V) scale pool, where the pools are quantized.
+    pub fn scale_dims(&self) -> Option<Vec<usize>> {
+        self.scales.map(|s| match s.granularity {
+            KvScaleGranularity::PerTokenHead => {
+                vec![self.num_blocks, self.block_size, self.num_kv_heads]
+            }
+        })
+    }
+
+    /// Bytes one token of context takes over every layer's K and V pools, scales included.
+    pub fn bytes_per_token(&self) -> u64 {
+        let codes = self.num_kv_heads * self.head_dim * self.dtype.byte_size();
+        let scales = self
+            .scales
+            .map_or(0, |s| self.num_kv_heads * s.dtype.byte_size());
+        (2 * self.num_layers * (codes + scales)) as u64
+    }
+
+    /// Bytes of every pool together (scratch block included): what the runtime allocates.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes_per_token() * (self.num_blocks * self.block_size) as u64
     }
 }
 
@@ -345,14 +412,35 @@ impl Manifest {
     fn validate_kv_cache(&self) -> Result<(), ArtifactError> {
         let kv = &self.kv_cache;
         let m = &self.model;
-        if !kv.dtype.is_model_dtype() {
+        if !kv.dtype.is_kv_dtype() {
             return Err(invalid(
                 "kvCache.dtype",
                 format!(
-                    "{} is not supported for KV pools; use f32 or bf16",
+                    "{} is not supported for KV pools; use f32, bf16, i8 or f8e4m3fn",
                     kv.dtype
                 ),
             ));
+        }
+        match (kv.dtype.is_kv_code_dtype(), kv.scales) {
+            (true, None) => {
+                return Err(invalid(
+                    "kvCache.scales",
+                    format!("{} pools need scales; none are stated", kv.dtype),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(invalid(
+                    "kvCache.scales",
+                    format!("{} pools take no scales", kv.dtype),
+                ));
+            }
+            (true, Some(scales)) if scales.dtype != Dtype::F32 => {
+                return Err(invalid(
+                    "kvCache.scales.dtype",
+                    format!("{} is not f32, the only scale dtype", scales.dtype),
+                ));
+            }
+            _ => {}
         }
         for (field, found, expected, source) in [
             (

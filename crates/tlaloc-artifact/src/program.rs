@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::Dtype;
 use crate::manifest::{Entry, Manifest};
-use crate::step::{StepInput, StepOutput, pool_names};
+use crate::step::{PoolOperand, StepInput, StepOutput};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -43,6 +43,14 @@ pub enum OperandRole {
         layer: usize,
     },
     VPool {
+        layer: usize,
+    },
+    /// The f32 scales beside a quantized K pool.
+    KScales {
+        layer: usize,
+    },
+    /// The f32 scales beside a quantized V pool.
+    VScales {
         layer: usize,
     },
     Logits,
@@ -90,12 +98,12 @@ fn spec(name: impl Into<String>, role: OperandRole, dtype: Dtype, dims: Vec<usiz
 
 impl ProgramSignature {
     /// The exact contract signature of `entry` in an artifact described by `manifest`: the
-    /// [`StepInput`]s, the weights in manifest order, the pools `K0, V0, K1, ...`; then the
+    /// [`StepInput`]s, the weights in manifest order, the pools in [`PoolOperand::all`] order
+    /// (`K0, V0, K1, ...`, with each layer's scales after its pools when quantized); then the
     /// [`StepOutput`]s and the pools, each pool input donated to its output.
     pub fn expected_for(manifest: &Manifest, entry: &Entry) -> ProgramSignature {
         let point = entry.point();
         let kv = &manifest.kv_cache;
-        let pool = kv.pool_dims();
 
         let mut inputs: Vec<TensorSpec> = StepInput::ALL
             .into_iter()
@@ -129,20 +137,20 @@ impl ProgramSignature {
                 )
             })
             .collect();
-        let mut donations = Vec::with_capacity(2 * kv.num_layers);
-        for layer in 0..kv.num_layers {
-            let [k, v] = pool_names(layer);
-            for (name, role) in [
-                (k, OperandRole::KPool { layer }),
-                (v, OperandRole::VPool { layer }),
-            ] {
-                donations.push(Donation {
-                    input: inputs.len(),
-                    output: outputs.len(),
-                });
-                inputs.push(spec(name.clone(), role.clone(), kv.dtype, pool.clone()));
-                outputs.push(spec(name, role, kv.dtype, pool.clone()));
-            }
+        let pools = PoolOperand::all(kv);
+        let mut donations = Vec::with_capacity(pools.len());
+        for pool in pools {
+            donations.push(Donation {
+                input: inputs.len(),
+                output: outputs.len(),
+            });
+            inputs.push(spec(
+                pool.name.clone(),
+                pool.role.clone(),
+                pool.dtype,
+                pool.dims.clone(),
+            ));
+            outputs.push(spec(pool.name, pool.role, pool.dtype, pool.dims));
         }
         ProgramSignature {
             entry: entry.name.clone(),

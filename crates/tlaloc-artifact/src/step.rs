@@ -11,6 +11,7 @@
 
 use crate::dtype::Dtype;
 use crate::ladder::LadderPoint;
+use crate::manifest::KvCacheLayout;
 use crate::program::OperandRole;
 
 /// The per-step inputs, in operand order (weights and then the K/V pools follow them).
@@ -166,5 +167,101 @@ impl StepOutput {
 
 /// The names of layer `layer`'s K and V pool operands.
 pub fn pool_names(layer: usize) -> [String; 2] {
-    [format!("kPool.{layer}"), format!("vPool.{layer}")]
+    [KvPool::K.name(layer), KvPool::V.name(layer)]
+}
+
+/// One kind of donated K/V operand of a layer: the K and V pools, and beside quantized pools
+/// their scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KvPool {
+    K,
+    V,
+    /// `[numBlocks, blockSize, numKvHeads]` f32: the scale of each token's K row per head.
+    KScales,
+    /// The same for V.
+    VScales,
+}
+
+impl KvPool {
+    /// The operand's name for `layer`, e.g. `kPool.3` or `kScales.3`.
+    pub fn name(self, layer: usize) -> String {
+        let base = match self {
+            KvPool::K => "kPool",
+            KvPool::V => "vPool",
+            KvPool::KScales => "kScales",
+            KvPool::VScales => "vScales",
+        };
+        format!("{base}.{layer}")
+    }
+
+    /// Its role for `layer` in a program signature.
+    pub fn role(self, layer: usize) -> OperandRole {
+        match self {
+            KvPool::K => OperandRole::KPool { layer },
+            KvPool::V => OperandRole::VPool { layer },
+            KvPool::KScales => OperandRole::KScales { layer },
+            KvPool::VScales => OperandRole::VScales { layer },
+        }
+    }
+
+    /// The kinds every layer of `kv` has, in operand order: K and V, then their scales where
+    /// the pools are quantized.
+    pub fn kinds(kv: &KvCacheLayout) -> &'static [KvPool] {
+        if kv.scales.is_some() {
+            &[KvPool::K, KvPool::V, KvPool::KScales, KvPool::VScales]
+        } else {
+            &[KvPool::K, KvPool::V]
+        }
+    }
+}
+
+/// One donated K/V operand: taken after the weights and returned after the step outputs, in
+/// the same order, each input donated to its output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOperand {
+    pub layer: usize,
+    pub kind: KvPool,
+    pub name: String,
+    pub role: OperandRole,
+    pub dtype: Dtype,
+    pub dims: Vec<usize>,
+}
+
+impl PoolOperand {
+    /// Every donated K/V operand of `kv` in operand order: per layer `K, V` and, for quantized
+    /// pools, `KScales, VScales`. The graph declares them, the signature checks them and the
+    /// runtime allocates them from this one list.
+    pub fn all(kv: &KvCacheLayout) -> Vec<PoolOperand> {
+        let pool_dims = kv.pool_dims();
+        let scale_dims = kv.scale_dims();
+        let scale_dtype = kv.scales.map_or(Dtype::F32, |s| s.dtype);
+        let mut out = Vec::with_capacity(kv.num_layers * KvPool::kinds(kv).len());
+        for layer in 0..kv.num_layers {
+            for &kind in KvPool::kinds(kv) {
+                let (dtype, dims) = match kind {
+                    KvPool::K | KvPool::V => (kv.dtype, pool_dims.clone()),
+                    KvPool::KScales | KvPool::VScales => (
+                        scale_dtype,
+                        scale_dims.clone().expect("scale kinds only with scales"),
+                    ),
+                };
+                out.push(PoolOperand {
+                    layer,
+                    kind,
+                    name: kind.name(layer),
+                    role: kind.role(layer),
+                    dtype,
+                    dims,
+                });
+            }
+        }
+        out
+    }
+
+    /// Bytes of this operand's buffer.
+    pub fn byte_length(&self) -> u64 {
+        self.dtype
+            .byte_length(&self.dims)
+            .expect("pool dims validated by the manifest")
+    }
 }

@@ -30,17 +30,28 @@ use crate::graph::{self, GraphError, SlotSource, WeightPlan};
 /// What an export produces and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportOptions {
-    /// f32 or bf16: the dtype of the matrix weights and of the KV pools.
+    /// f32 or bf16: the dtype of the matrix weights (and of the KV pools, unless `kv_dtype`).
     pub dtype: Dtype,
+    /// The K/V pools' dtype: f32, bf16, i8 or f8e4m3fn (the quantized two with f32 scales);
+    /// `None` takes `dtype`.
+    pub kv_dtype: Option<Dtype>,
     pub ladder: LadderOptions,
     /// Replace an existing artifact in the output directory.
     pub force: bool,
+}
+
+impl ExportOptions {
+    /// The K/V pools' dtype: `kv_dtype`, or the weights' dtype.
+    pub fn kv_dtype(&self) -> Dtype {
+        self.kv_dtype.unwrap_or(self.dtype)
+    }
 }
 
 impl Default for ExportOptions {
     fn default() -> Self {
         ExportOptions {
             dtype: Dtype::F32,
+            kv_dtype: None,
             ladder: LadderOptions::default(),
             force: false,
         }
@@ -80,6 +91,8 @@ pub enum ExportError {
     Ingest(#[from] IngestError),
     #[error("export dtype {0} is not supported; use f32 or bf16")]
     UnsupportedDtype(Dtype),
+    #[error("K/V pool dtype {0} is not supported; use f32, bf16, i8 or f8e4m3fn")]
+    UnsupportedKvDtype(Dtype),
     #[error(transparent)]
     Ladder(#[from] LadderError),
     #[error(transparent)]
@@ -113,6 +126,10 @@ fn checked_ladder(options: &ExportOptions) -> Result<Ladder, ExportError> {
     if !matches!(options.dtype, Dtype::F32 | Dtype::Bf16) {
         return Err(ExportError::UnsupportedDtype(options.dtype));
     }
+    let kv_dtype = options.kv_dtype();
+    if !kv_dtype.is_kv_dtype() {
+        return Err(ExportError::UnsupportedKvDtype(kv_dtype));
+    }
     Ok(options.ladder.ladder()?)
 }
 
@@ -129,7 +146,7 @@ pub fn export_checkpoint(
     let model = artifact_model(config);
     let kv = KvCacheLayout::for_model(
         &model,
-        options.dtype,
+        options.kv_dtype(),
         ladder.block_size,
         options.ladder.num_blocks,
     );
@@ -377,13 +394,20 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
                 .collect(),
         },
         exporter: format!("tlaloc-export {}", env!("CARGO_PKG_VERSION")),
-        options: serde_json::json!({
-            "dtype": options.dtype.name(),
-            "maxBatch": l.max_batch,
-            "maxContext": l.max_context,
-            "blockSize": l.block_size,
-            "numBlocks": l.num_blocks,
-            "prefillChunks": l.prefill_chunks,
-        }),
+        options: {
+            let mut json = serde_json::json!({
+                "dtype": options.dtype.name(),
+                "maxBatch": l.max_batch,
+                "maxContext": l.max_context,
+                "blockSize": l.block_size,
+                "numBlocks": l.num_blocks,
+                "prefillChunks": l.prefill_chunks,
+            });
+            // Stated only when chosen, so exports without it stay byte-identical to before.
+            if let Some(kv_dtype) = options.kv_dtype {
+                json["kvDtype"] = kv_dtype.name().into();
+            }
+            json
+        },
     }
 }

@@ -16,6 +16,7 @@ fn small_ladder() -> LadderOptions {
 fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {
     ExportOptions {
         dtype,
+        kv_dtype: None,
         ladder,
         force: false,
     }

@@ -18,6 +18,7 @@ fn export_to(checkpoint: &Path, name: &str, dtype: Dtype, ladder: LadderOptions)
     let out = support::scratch_dir(name);
     let options = ExportOptions {
         dtype,
+        kv_dtype: None,
         ladder,
         force: false,
     };
@@ -184,10 +185,16 @@ fn tiny_linear_rope_matches_transformers() {
     check_tiny("tiny-llama-linear-rope");
 }
 
-/// Pool bytes that differ between `before` and `after`, as `(pool, slot)` pairs.
-fn changed_slots(before: &[Vec<u8>], after: &[Vec<u8>], slot_bytes: usize) -> Vec<(usize, usize)> {
+/// Pool bytes that differ between `before` and `after`, as `(pool, slot)` pairs; pool `i`'s
+/// slots are `slot_bytes[i]` bytes.
+fn changed_slots(
+    before: &[Vec<u8>],
+    after: &[Vec<u8>],
+    slot_bytes: &[usize],
+) -> Vec<(usize, usize)> {
     let mut changed = Vec::new();
     for (pool, (b, a)) in before.iter().zip(after).enumerate() {
+        let slot_bytes = slot_bytes[pool];
         for (slot, (x, y)) in b
             .chunks_exact(slot_bytes)
             .zip(a.chunks_exact(slot_bytes))
@@ -206,13 +213,45 @@ fn changed_slots(before: &[Vec<u8>], after: &[Vec<u8>], slot_bytes: usize) -> Ve
 #[test]
 fn padding_writes_nothing_and_unowned_slots_are_untouched() {
     let dir = export_tiny("tiny-llama-gqa", "forward-padding");
+    check_padding_and_unowned_slots(&dir, &tlaloc_pjrt::testing::test_plugin_paths());
+}
+
+/// The same for int8 pools: codes and scales alike, every pool operand of the contract.
+#[test]
+fn int8_padding_writes_nothing_and_unowned_slots_are_untouched() {
+    let dir = export_tiny_kv("tiny-llama-gqa", "forward-padding-int8", Dtype::I8);
+    check_padding_and_unowned_slots(&dir, &tlaloc_pjrt::testing::test_plugin_paths());
+}
+
+/// The same for fp8 e4m3 pools (both CPU plugins run the type).
+#[test]
+fn fp8_padding_writes_nothing_and_unowned_slots_are_untouched() {
+    let dir = export_tiny_kv("tiny-llama-gqa", "forward-padding-fp8", Dtype::F8E4M3FN);
+    check_padding_and_unowned_slots(&dir, &tlaloc_pjrt::testing::test_plugin_paths());
+}
+
+/// The fixture `model` exported in f32 with [`tiny_ladder`] and K/V pools of `kv_dtype`.
+fn export_tiny_kv(model: &str, name: &str, kv_dtype: Dtype) -> PathBuf {
+    let out = support::scratch_dir(name);
+    let options = ExportOptions {
+        dtype: Dtype::F32,
+        kv_dtype: Some(kv_dtype),
+        ladder: tiny_ladder(),
+        force: false,
+    };
+    export(support::fixture(model), &out, &options, &mut |_| {})
+        .unwrap_or_else(|e| panic!("exporting {model} with {kv_dtype} pools: {e}"));
+    out
+}
+
+fn check_padding_and_unowned_slots(dir: &Path, plugins: &[PathBuf]) {
     let ladder = tiny_ladder().ladder().unwrap();
-    for plugin in tlaloc_pjrt::testing::test_plugin_paths() {
-        let mut runner = Runner::new(&dir, &plugin);
+    for plugin in plugins {
+        let mut runner = Runner::new(dir, plugin);
         // A byte pattern that no K/V write reproduces by chance, so a stray write shows.
         runner.fill_pools(|i| (i * 7 + 3) as u8);
         let slot_bytes = runner.slot_bytes();
-        let num_layers = runner.artifact.manifest().kv_cache.num_layers;
+        let num_pools = runner.pool_operands().len();
 
         // Prefill 5 tokens through a 16-token chunk: 11 padded tokens.
         let prompt = [5, 17, 300, 42, 9];
@@ -230,11 +269,11 @@ fn padding_writes_nothing_and_unowned_slots_are_untouched() {
         );
         seq.len = prompt.len();
         let after = runner.read_pools();
-        let expected: Vec<(usize, usize)> = (0..2 * num_layers)
+        let expected: Vec<(usize, usize)> = (0..num_pools)
             .flat_map(|pool| (0..prompt.len()).map(move |p| (pool, p)))
             .map(|(pool, p)| (pool, runner.slot_of(&seq, p)))
             .collect();
-        let mut changed = changed_slots(&before, &after, slot_bytes);
+        let mut changed = changed_slots(&before, &after, &slot_bytes);
         changed.sort();
         let mut expected_sorted = expected.clone();
         expected_sorted.sort();
@@ -255,9 +294,9 @@ fn padding_writes_nothing_and_unowned_slots_are_untouched() {
         );
         let after = runner.read_pools();
         let slot = runner.slot_of(&seq, seq.len);
-        let expected: Vec<(usize, usize)> = (0..2 * num_layers).map(|pool| (pool, slot)).collect();
+        let expected: Vec<(usize, usize)> = (0..num_pools).map(|pool| (pool, slot)).collect();
         assert_eq!(
-            changed_slots(&before, &after, slot_bytes),
+            changed_slots(&before, &after, &slot_bytes),
             expected,
             "decode with a dead row"
         );
@@ -368,6 +407,7 @@ fn gemma3_270m_f32_matches_transformers_and_bf16_agrees() {
     let out = support::scratch_dir("forward-gemma3-270m-f32");
     let options = ExportOptions {
         dtype: Dtype::F32,
+        kv_dtype: None,
         ladder: LadderOptions::full_pool(1, 1024, 16, vec![128]),
         force: false,
     };

@@ -20,8 +20,13 @@ pub enum Scalar {
     I64(i64),
     I8(i8),
     U8(u8),
+    /// An `f8E4M3FN` element by its bits.
+    F8E4M3FN(u8),
     Pred(bool),
 }
+
+/// Bits of the largest finite `f8E4M3FN` value, 448 (`S.1111.110`; `S.1111.111` is NaN).
+const F8E4M3FN_MAX_BITS: u8 = 0x7E;
 
 impl Scalar {
     pub fn dtype(self) -> ScalarType {
@@ -33,6 +38,7 @@ impl Scalar {
             Scalar::I64(_) => ScalarType::I64,
             Scalar::I8(_) => ScalarType::I8,
             Scalar::U8(_) => ScalarType::U8,
+            Scalar::F8E4M3FN(_) => ScalarType::F8E4M3FN,
             Scalar::Pred(_) => ScalarType::Pred,
         }
     }
@@ -56,6 +62,9 @@ impl Scalar {
             ScalarType::I8 if in_range(i8::MIN.into(), i8::MAX.into()) => Scalar::I8(value as i8),
             ScalarType::U8 if in_range(0.0, u8::MAX.into()) => Scalar::U8(value as u8),
             ScalarType::Pred if value == 0.0 || value == 1.0 => Scalar::Pred(value == 1.0),
+            // Only zero: fp8 constants are not needed by any program, and a rounding of every
+            // other value would be code with nothing to check it against.
+            ScalarType::F8E4M3FN if value == 0.0 => Scalar::F8E4M3FN(0),
             _ => return None,
         })
     }
@@ -70,6 +79,8 @@ impl Scalar {
             ScalarType::I64 => Scalar::I64(i64::MIN),
             ScalarType::I8 => Scalar::I8(i8::MIN),
             ScalarType::U8 => Scalar::U8(0),
+            // No infinities: the lowest is -448.
+            ScalarType::F8E4M3FN => Scalar::F8E4M3FN(0x80 | F8E4M3FN_MAX_BITS),
             ScalarType::Pred => Scalar::Pred(false),
         }
     }
@@ -84,6 +95,7 @@ impl Scalar {
             ScalarType::I64 => Scalar::I64(i64::MAX),
             ScalarType::I8 => Scalar::I8(i8::MAX),
             ScalarType::U8 => Scalar::U8(u8::MAX),
+            ScalarType::F8E4M3FN => Scalar::F8E4M3FN(F8E4M3FN_MAX_BITS),
             ScalarType::Pred => Scalar::Pred(true),
         }
     }
@@ -98,6 +110,7 @@ impl Scalar {
             ScalarType::I64 => Scalar::I64(0),
             ScalarType::I8 => Scalar::I8(0),
             ScalarType::U8 => Scalar::U8(0),
+            ScalarType::F8E4M3FN => Scalar::F8E4M3FN(0),
             ScalarType::Pred => Scalar::Pred(false),
         }
     }
@@ -114,6 +127,7 @@ impl fmt::Display for Scalar {
             Scalar::I64(v) => write!(f, "{v}"),
             Scalar::I8(v) => write!(f, "{v}"),
             Scalar::U8(v) => write!(f, "{v}"),
+            Scalar::F8E4M3FN(v) => write!(f, "0x{v:02X}"),
             Scalar::Pred(v) => write!(f, "{v}"),
         }
     }
@@ -170,6 +184,8 @@ pub enum ConstData {
     I64(Vec<i64>),
     I8(Vec<i8>),
     U8(Vec<u8>),
+    /// `f8E4M3FN` elements by their bits.
+    F8E4M3FN(Vec<u8>),
     Pred(Vec<bool>),
 }
 
@@ -183,6 +199,7 @@ impl ConstData {
             ConstData::I64(_) => ScalarType::I64,
             ConstData::I8(_) => ScalarType::I8,
             ConstData::U8(_) => ScalarType::U8,
+            ConstData::F8E4M3FN(_) => ScalarType::F8E4M3FN,
             ConstData::Pred(_) => ScalarType::Pred,
         }
     }
@@ -196,6 +213,7 @@ impl ConstData {
             ConstData::I64(v) => v.len(),
             ConstData::I8(v) => v.len(),
             ConstData::U8(v) => v.len(),
+            ConstData::F8E4M3FN(v) => v.len(),
             ConstData::Pred(v) => v.len(),
         }
     }
@@ -214,6 +232,7 @@ impl ConstData {
             ConstData::I64(v) => Scalar::I64(*v.get(i)?),
             ConstData::I8(v) => Scalar::I8(*v.get(i)?),
             ConstData::U8(v) => Scalar::U8(*v.get(i)?),
+            ConstData::F8E4M3FN(v) => Scalar::F8E4M3FN(*v.get(i)?),
             ConstData::Pred(v) => Scalar::Pred(*v.get(i)?),
         })
     }

@@ -17,6 +17,9 @@ pub enum UnaryOp {
     Tanh,
     Logistic,
     Not,
+    /// Rounds to the nearest integer, ties to even (the rounding of `convert` to an integer
+    /// type is toward zero, so quantization rounds first).
+    RoundNearestEven,
 }
 
 impl UnaryOp {
@@ -31,6 +34,7 @@ impl UnaryOp {
             UnaryOp::Tanh => "tanh",
             UnaryOp::Logistic => "logistic",
             UnaryOp::Not => "not",
+            UnaryOp::RoundNearestEven => "round_nearest_even",
         }
     }
 
@@ -543,6 +547,9 @@ impl FunctionBuilder {
     }
     pub fn logistic(&mut self, x: Value) -> Result<Value, HloError> {
         self.unary(UnaryOp::Logistic, x)
+    }
+    pub fn round_nearest_even(&mut self, x: Value) -> Result<Value, HloError> {
+        self.unary(UnaryOp::RoundNearestEven, x)
     }
     pub fn not(&mut self, x: Value) -> Result<Value, HloError> {
         self.unary(UnaryOp::Not, x)
@@ -1362,6 +1369,7 @@ fn splat_data(value: Scalar) -> ConstData {
         Scalar::I64(v) => ConstData::I64(vec![v]),
         Scalar::I8(v) => ConstData::I8(vec![v]),
         Scalar::U8(v) => ConstData::U8(vec![v]),
+        Scalar::F8E4M3FN(v) => ConstData::F8E4M3FN(vec![v]),
         Scalar::Pred(v) => ConstData::Pred(vec![v]),
     }
 }

@@ -12,13 +12,15 @@ pub enum ScalarType {
     I64,
     I8,
     U8,
+    /// fp8 e4m3 without infinities (`f8E4M3FN`), max 448.
+    F8E4M3FN,
     /// `i1`, the type of comparison results.
     Pred,
 }
 
 impl ScalarType {
     /// Every supported element type, in a fixed order.
-    pub const ALL: [ScalarType; 8] = [
+    pub const ALL: [ScalarType; 9] = [
         ScalarType::F32,
         ScalarType::Bf16,
         ScalarType::F16,
@@ -26,6 +28,7 @@ impl ScalarType {
         ScalarType::I64,
         ScalarType::I8,
         ScalarType::U8,
+        ScalarType::F8E4M3FN,
         ScalarType::Pred,
     ];
 
@@ -39,12 +42,16 @@ impl ScalarType {
             ScalarType::I64 => "i64",
             ScalarType::I8 => "i8",
             ScalarType::U8 => "ui8",
+            ScalarType::F8E4M3FN => "f8E4M3FN",
             ScalarType::Pred => "i1",
         }
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, ScalarType::F32 | ScalarType::Bf16 | ScalarType::F16)
+        matches!(
+            self,
+            ScalarType::F32 | ScalarType::Bf16 | ScalarType::F16 | ScalarType::F8E4M3FN
+        )
     }
 
     pub fn is_signed_int(self) -> bool {
@@ -70,7 +77,7 @@ impl ScalarType {
             ScalarType::F32 | ScalarType::I32 => 4,
             ScalarType::Bf16 | ScalarType::F16 => 2,
             ScalarType::I64 => 8,
-            ScalarType::I8 | ScalarType::U8 | ScalarType::Pred => 1,
+            ScalarType::I8 | ScalarType::U8 | ScalarType::F8E4M3FN | ScalarType::Pred => 1,
         }
     }
 }

@@ -25,13 +25,15 @@ pub enum ElementType {
     BF16,
     F32,
     F64,
+    /// fp8 e4m3 without infinities.
+    F8E4M3FN,
 }
 
 impl ElementType {
     /// Bytes per element.
     pub fn byte_size(self) -> usize {
         match self {
-            ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
+            ElementType::Pred | ElementType::S8 | ElementType::U8 | ElementType::F8E4M3FN => 1,
             ElementType::S16 | ElementType::U16 | ElementType::F16 | ElementType::BF16 => 2,
             ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
             ElementType::S64 | ElementType::U64 | ElementType::F64 => 8,
@@ -53,6 +55,7 @@ impl ElementType {
             ElementType::BF16 => ffi::PJRT_Buffer_Type_BF16,
             ElementType::F32 => ffi::PJRT_Buffer_Type_F32,
             ElementType::F64 => ffi::PJRT_Buffer_Type_F64,
+            ElementType::F8E4M3FN => ffi::PJRT_Buffer_Type_F8E4M3FN,
         }
     }
 
@@ -71,6 +74,7 @@ impl ElementType {
             ffi::PJRT_Buffer_Type_BF16 => ElementType::BF16,
             ffi::PJRT_Buffer_Type_F32 => ElementType::F32,
             ffi::PJRT_Buffer_Type_F64 => ElementType::F64,
+            ffi::PJRT_Buffer_Type_F8E4M3FN => ElementType::F8E4M3FN,
             other => return Err(Error::UnsupportedElementType(other)),
         })
     }

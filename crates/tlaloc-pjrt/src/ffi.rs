@@ -197,6 +197,7 @@ pjrt_consts! {
     PJRT_Buffer_Type_F32 = 11;
     PJRT_Buffer_Type_F64 = 12;
     PJRT_Buffer_Type_BF16 = 13;
+    PJRT_Buffer_Type_F8E4M3FN = 17;
 
     PJRT_HostBufferSemantics_kImmutableOnlyDuringCall = 0;
     PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes = 1;

@@ -19,6 +19,7 @@ pub mod compile_cache;
 pub mod constraint;
 pub mod engine;
 pub mod executor;
+pub mod kv_dtype;
 pub mod layout;
 pub mod model;
 pub mod prefix_cache;

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tlaloc_artifact::{
     AddedExecutables, Artifact, ArtifactError, CompilerIdentity, Dtype, Entry, ExecutableEntry,
-    OperandRole, StepInput,
+    OperandRole, PoolOperand, StepInput,
 };
 use tlaloc_pjrt::discovery::{self, PluginRequest};
 use tlaloc_pjrt::{
@@ -138,6 +138,7 @@ fn pjrt(what: impl Into<String>) -> impl FnOnce(tlaloc_pjrt::Error) -> LoadError
 enum Source {
     Step(StepInput),
     Weight(usize),
+    /// The donated K/V operand at this index of [`PoolOperand::all`].
     Pool(usize),
 }
 
@@ -149,7 +150,7 @@ struct ArgPlan {
     next_tokens: usize,
     /// The `[B, 1]` copy of `next_tokens` that a chained decode step takes as its token ids.
     next_token_ids: usize,
-    /// Output index of each pool (pool `i` = layer `i / 2`, K then V).
+    /// Output index of each pool, in [`PoolOperand::all`] order.
     pool_outputs: Vec<usize>,
 }
 
@@ -178,8 +179,8 @@ pub struct Model {
     entries: HashMap<LadderPoint, EntryState>,
     weights: Vec<Buffer>,
     pools: Vec<Option<Buffer>>,
-    pool_type: ElementType,
-    pool_dims: Vec<i64>,
+    /// Element type and dims of each pool, in [`PoolOperand::all`] order.
+    pool_specs: Vec<PoolSpec>,
     shape: ModelShape,
     load_timings: LoadTimings,
     cache: Option<CompileCache>,
@@ -199,6 +200,46 @@ fn element_type(dtype: Dtype) -> ElementType {
         Dtype::I32 => ElementType::S32,
         Dtype::I8 => ElementType::S8,
         Dtype::U8 => ElementType::U8,
+        Dtype::F8E4M3FN => ElementType::F8E4M3FN,
+    }
+}
+
+/// Refuses an artifact whose K/V pool dtype the opened plugin cannot run (see
+/// [`crate::kv_dtype`]), naming the plugin, the dtype and what would be accepted.
+fn check_kv_dtype(
+    opened: &OpenedClient,
+    dtype: Dtype,
+    options: &CompileOptions,
+) -> Result<(), LoadError> {
+    crate::kv_dtype::probe(&opened.client, &opened.device, dtype, options).map_err(|refusal| {
+        LoadError::Unsupported(format!(
+            "plugin {} ({}) cannot run {dtype} K/V pools: {}; export the artifact with \
+             --kv-dtype int8, bf16 or f32, or serve it on a plugin that runs f8E4M3FN \
+             (the CUDA plugin on a GPU with fp8)",
+            opened.platform.plugin_path.display(),
+            opened.platform.identity.device_kind,
+            refusal.0
+        ))
+    })
+}
+
+/// The element type and dims of one pool buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PoolSpec {
+    element_type: ElementType,
+    dims: Vec<i64>,
+}
+
+impl PoolSpec {
+    fn of(operand: &PoolOperand) -> PoolSpec {
+        PoolSpec {
+            element_type: element_type(operand.dtype),
+            dims: dims_i64(&operand.dims),
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        self.dims.iter().product::<i64>() as usize * self.element_type.byte_size()
     }
 }
 
@@ -264,7 +305,7 @@ fn plan_entries(artifact: &Artifact) -> Result<HashMap<LadderPoint, EntryState>,
             entry,
             signature,
             &weight_index,
-            manifest.kv_cache.num_layers,
+            &PoolOperand::all(&manifest.kv_cache),
         )?;
         entries.insert(
             entry.point(),
@@ -289,11 +330,7 @@ fn shape_of(artifact: &Artifact) -> ModelShape {
         ladder: manifest.ladder.clone(),
         eos_token_ids: manifest.model.eos_token_ids.clone(),
         weight_bytes: manifest.weights.iter().map(|w| w.byte_length).sum(),
-        kv_bytes_per_token: (2
-            * kv.num_layers
-            * kv.num_kv_heads
-            * kv.head_dim
-            * kv.dtype.byte_size()) as u64,
+        kv_bytes_per_token: kv.bytes_per_token(),
     }
 }
 
@@ -324,8 +361,8 @@ impl Model {
         let cache = options.compile_cache.as_ref().map(CompileCache::new);
         let compile_options = CompileOptions::default();
         let kv = &artifact.manifest().kv_cache;
-        let pool_type = element_type(kv.dtype);
-        let pool_dims = dims_i64(&kv.pool_dims());
+        let pool_specs: Vec<PoolSpec> = PoolOperand::all(kv).iter().map(PoolSpec::of).collect();
+        check_kv_dtype(&opened, kv.dtype, &compile_options)?;
 
         // Compilation, weight upload and pool allocation share nothing but the client, so they
         // overlap; each reports its own wall time. Choosing the shipped executables hashes the
@@ -368,7 +405,7 @@ impl Model {
             });
             let allocate = scope.spawn(|| {
                 timed(|| {
-                    zero_pools(client, device, 2 * kv.num_layers, pool_type, &pool_dims)
+                    zero_pools_of(client, device, &pool_specs)
                         .map_err(pjrt("allocating the K/V pools"))
                 })
             });
@@ -409,8 +446,7 @@ impl Model {
             platform,
         } = opened;
         let mut model = Model {
-            pool_type,
-            pool_dims,
+            pool_specs,
             pools,
             weights,
             cache,
@@ -464,29 +500,33 @@ impl Model {
 
     /// Replaces every pool a failed step consumed with a zero-filled one.
     fn refill_pools(&mut self) -> Result<(), tlaloc_pjrt::Error> {
-        let missing = self.pools.iter().filter(|p| p.is_none()).count();
-        let mut fresh = zero_pools(
-            &self.client,
-            &self.device,
-            missing,
-            self.pool_type,
-            &self.pool_dims,
-        )?
-        .into_iter();
+        let missing: Vec<PoolSpec> = self
+            .pools
+            .iter()
+            .zip(&self.pool_specs)
+            .filter(|(p, _)| p.is_none())
+            .map(|(_, spec)| spec.clone())
+            .collect();
+        let mut fresh = zero_pools_of(&self.client, &self.device, &missing)?.into_iter();
         for pool in self.pools.iter_mut().filter(|p| p.is_none()) {
             *pool = fresh.next();
         }
         Ok(())
     }
 
-    /// Reads one pool back to the host (pool `2 * layer` is K, `2 * layer + 1` is V); for tests
-    /// of the pool invariants, never used when serving.
+    /// Reads one pool back to the host (index in [`PoolOperand::all`] order: `K0, V0, K1, ...`,
+    /// each layer's scales after its pools when quantized); for tests of the pool invariants,
+    /// never used when serving.
     pub fn read_pool(&self, index: usize) -> Option<Vec<u8>> {
         let pool = self.pools.get(index)?.as_ref()?;
-        let mut out =
-            vec![0u8; self.pool_dims.iter().product::<i64>() as usize * self.pool_type.byte_size()];
+        let mut out = vec![0u8; self.pool_specs.get(index)?.byte_len()];
         pool.copy_to_host_bytes(&mut out).ok()?;
         Some(out)
+    }
+
+    /// Bytes of every pool buffer together, as allocated.
+    pub fn pool_bytes(&self) -> u64 {
+        self.pool_specs.iter().map(|s| s.byte_len() as u64).sum()
     }
 
     fn device_error(entry: &LadderPoint, what: &str, e: tlaloc_pjrt::Error) -> ExecutorError {
@@ -1031,6 +1071,37 @@ fn upload_weights(
     ))
 }
 
+/// Zero-filled pools of `specs`, in order: one [`zero_pools`] call per distinct spec.
+fn zero_pools_of(
+    client: &Client,
+    device: &Device,
+    specs: &[PoolSpec],
+) -> Result<Vec<Buffer>, tlaloc_pjrt::Error> {
+    let mut out: Vec<Option<Buffer>> = specs.iter().map(|_| None).collect();
+    let mut done = vec![false; specs.len()];
+    for i in 0..specs.len() {
+        if done[i] {
+            continue;
+        }
+        let same: Vec<usize> = (i..specs.len()).filter(|&j| specs[j] == specs[i]).collect();
+        let buffers = zero_pools(
+            client,
+            device,
+            same.len(),
+            specs[i].element_type,
+            &specs[i].dims,
+        )?;
+        for (j, buffer) in same.into_iter().zip(buffers) {
+            done[j] = true;
+            out[j] = Some(buffer);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|b| b.expect("every spec filled"))
+        .collect())
+}
+
 /// `count` zero-filled pools. One is uploaded from host zeros and the others are copied from
 /// it on the device; where the plugin refuses a copy to the device a buffer is already on,
 /// the others are uploaded from the same host zeros on several threads.
@@ -1070,8 +1141,9 @@ fn arg_plan(
     entry: &Entry,
     signature: &tlaloc_artifact::ProgramSignature,
     weight_index: &HashMap<&str, usize>,
-    num_layers: usize,
+    pools: &[PoolOperand],
 ) -> Result<ArgPlan, LoadError> {
+    let pool_index = |role: &OperandRole| pools.iter().position(|p| p.role == *role);
     let unsupported =
         |what: String| LoadError::Unsupported(format!("entry {}: {what}", entry.name));
     let mut inputs = Vec::with_capacity(signature.inputs.len());
@@ -1085,8 +1157,7 @@ fn arg_plan(
                     unsupported(format!("weight slot {slot} is not in the manifest"))
                 })?)
             }
-            OperandRole::KPool { layer } if *layer < num_layers => Source::Pool(2 * layer),
-            OperandRole::VPool { layer } if *layer < num_layers => Source::Pool(2 * layer + 1),
+            role if pool_index(role).is_some() => Source::Pool(pool_index(role).expect("matched")),
             other => {
                 return Err(unsupported(format!(
                     "input {} has role {other:?}",
@@ -1098,14 +1169,15 @@ fn arg_plan(
     let mut logits = None;
     let mut next_tokens = None;
     let mut next_token_ids = None;
-    let mut pool_outputs = vec![usize::MAX; 2 * num_layers];
+    let mut pool_outputs = vec![usize::MAX; pools.len()];
     for (i, spec) in signature.outputs.iter().enumerate() {
         match &spec.role {
             OperandRole::Logits => logits = Some(i),
             OperandRole::NextTokens => next_tokens = Some(i),
             OperandRole::NextTokenIds => next_token_ids = Some(i),
-            OperandRole::KPool { layer } if *layer < num_layers => pool_outputs[2 * layer] = i,
-            OperandRole::VPool { layer } if *layer < num_layers => pool_outputs[2 * layer + 1] = i,
+            role if pool_index(role).is_some() => {
+                pool_outputs[pool_index(role).expect("matched")] = i;
+            }
             other => {
                 return Err(unsupported(format!(
                     "output {} has role {other:?}",

@@ -30,6 +30,7 @@ fn scratch(name: &str) -> PathBuf {
 fn export_tiny(out: &Path) {
     let options = ExportOptions {
         dtype: Dtype::F32,
+        kv_dtype: None,
         ladder: LadderOptions::full_pool(2, 128, 16, vec![16]),
         force: false,
     };

@@ -69,6 +69,7 @@ fn export_once(checkpoint: &Path, name: &str, ladder: LadderOptions) -> PathBuf 
     let out = scratch(name);
     let options = ExportOptions {
         dtype: Dtype::F32,
+        kv_dtype: None,
         ladder,
         force: false,
     };

@@ -25,6 +25,7 @@ fn byte_sizes_match_the_rust_types() {
         (Dtype::I32, size_of::<i32>()),
         (Dtype::I8, size_of::<i8>()),
         (Dtype::U8, size_of::<u8>()),
+        (Dtype::F8E4M3FN, size_of::<u8>()),
     ];
     for (dtype, size) in sizes {
         assert_eq!(dtype.byte_size(), size, "{dtype}");

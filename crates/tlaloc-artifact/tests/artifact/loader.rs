@@ -349,8 +349,23 @@ fn manifest_with_a_block_size_not_dividing_a_context_is_refused() {
 #[test]
 fn manifest_inconsistencies_are_refused_naming_the_field() {
     type Corrupt = fn(&mut serde_json::Value);
-    let cases: [(&str, Corrupt); 5] = [
+    let cases: [(&str, Corrupt); 9] = [
         ("padding", |m| m["padding"]["seqLens"] = 0.into()),
+        // Quantized pools without scales, and float pools with them.
+        ("kvCache.scales", |m| m["kvCache"]["dtype"] = "i8".into()),
+        (
+            "kvCache.scales",
+            |m| {
+                m["kvCache"]["scales"] =
+                    serde_json::json!({"dtype": "f32", "granularity": "perTokenHead"})
+            },
+        ),
+        ("kvCache.scales.dtype", |m| {
+            m["kvCache"]["dtype"] = "f8e4m3fn".into();
+            m["kvCache"]["scales"] =
+                serde_json::json!({"dtype": "bf16", "granularity": "perTokenHead"})
+        }),
+        ("kvCache.dtype", |m| m["kvCache"]["dtype"] = "u8".into()),
         ("kvCache.numLayers", |m| {
             m["kvCache"]["numLayers"] = 3.into()
         }),

@@ -33,12 +33,28 @@
 //! cost a pass over the whole context per layer): q and the softmax probabilities are rounded
 //! to bf16 and each dot accumulates in f32, as transformers does in bf16. New K/V rows are
 //! rounded to bf16 when written to the pools.
+//!
+//! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
+//! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
+//! (`M` = 127 for i8, 448 for e4m3), codes `x / s` (i8: rounded to nearest even, clamped to
+//! `[-127, 127]`; e4m3: clamped to `[-448, 448]` and rounded by the conversion), and the f32
+//! `s` goes to a scale pool `[numBlocks, blockSize, kvHeads]` by the same scatter index as the
+//! codes. Symmetric absmax rounding to nearest leaves `|x - q s| <= s / 2 = absmax / 254` for
+//! i8. Per token and head rather than per block and head: a block's scale changes as it fills,
+//! so each write would rescale (and round again) every code already in the block, and a write
+//! would touch slots of tokens already written; on real SmolLM2 K/V the per-block rows
+//! measured larger errors too (`kv_quant` tests, docs/benchmarks.md). The scales cost
+//! `4 / headDim` bytes per code byte (6% at headDim 64). Attention reads the codes widened to
+//! the matrix dtype (exact: |q| <= 448 fits bf16's exponent and e4m3's 3 mantissa bits fit
+//! bf16's 7) and folds the scales in on the small side: the scores are multiplied by the K
+//! scale of their key, and the probabilities by the V scale of their value before the second
+//! dot, so no dequantized copy of the pages is made.
 
 pub mod rope;
 
 use std::collections::BTreeMap;
 
-use tlaloc_artifact::step::{self, StepInput};
+use tlaloc_artifact::step::{KvPool, PoolOperand, StepInput};
 use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint};
 use tlaloc_hlo::{
     CompareDirection, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision, Scalar,
@@ -198,6 +214,8 @@ pub enum GraphError {
     },
     #[error("the forward program supports f32 and bf16, not {0}")]
     UnsupportedDtype(Dtype),
+    #[error("K/V pools of {0} are not supported; use f32, bf16, i8 or f8e4m3fn")]
+    UnsupportedKvDtype(Dtype),
     #[error("entry {entry}: context {context} is not a multiple of the KV block size {block_size}")]
     ContextNotBlockAligned {
         entry: String,
@@ -229,12 +247,33 @@ pub fn forward_program(
         });
     }
     let matrix = hlo_dtype(plan.dtype)?;
-    let pool = hlo_dtype(kv.dtype)?;
+    let (pool, quant) = match (kv.dtype, kv.scales) {
+        (Dtype::I8, Some(_)) => (
+            ScalarType::I8,
+            Some(KvQuant {
+                code: ScalarType::I8,
+                code_max: I8_CODE_MAX,
+            }),
+        ),
+        (Dtype::F8E4M3FN, Some(_)) => (
+            ScalarType::F8E4M3FN,
+            Some(KvQuant {
+                code: ScalarType::F8E4M3FN,
+                code_max: F8E4M3FN_CODE_MAX,
+            }),
+        ),
+        (dtype, None) => (hlo_dtype(dtype)?, None),
+        (dtype, Some(_)) => return Err(GraphError::UnsupportedKvDtype(dtype)),
+    };
+    // Quantized pages are read widened to the matrix dtype; the others as they are.
+    let attention = if quant.is_some() { matrix } else { pool };
     let mut g = Graph {
         f: FunctionBuilder::new("tlaloc_forward"),
         weights: BTreeMap::new(),
         matrix,
         pool,
+        attention,
+        quant,
     };
     build(&mut g, plan, kv, point).map_err(|source| GraphError::Hlo { entry, source })
 }
@@ -246,6 +285,23 @@ struct Graph {
     matrix: ScalarType,
     /// Element type of the KV pools.
     pool: ScalarType,
+    /// The type the attention dots take the pages (and q and the probabilities) in.
+    attention: ScalarType,
+    /// How the pools quantize, when they do.
+    quant: Option<KvQuant>,
+}
+
+/// Largest i8 code of symmetric absmax quantization (-128 is never used, so the range is
+/// symmetric and the bound `absmax / 254` holds for both signs).
+pub const I8_CODE_MAX: f64 = 127.0;
+/// Largest finite e4m3 (`f8E4M3FN`) value.
+pub const F8E4M3FN_CODE_MAX: f64 = 448.0;
+
+/// The code type of quantized pools and the code that absmax maps to.
+#[derive(Debug, Clone, Copy)]
+struct KvQuant {
+    code: ScalarType,
+    code_max: f64,
 }
 
 fn f32_ty(dims: &[usize]) -> TensorType {
@@ -400,11 +456,27 @@ impl Graph {
 
     /// `x` in the pool dtype (unchanged when the pools are f32).
     fn in_pool_dtype(&mut self, x: Value) -> Result<Value, HloError> {
-        if self.pool == ScalarType::F32 {
+        self.in_dtype(x, self.pool)
+    }
+
+    /// `x` in the dtype the attention dots take (unchanged when it is already).
+    fn in_attention_dtype(&mut self, x: Value) -> Result<Value, HloError> {
+        self.in_dtype(x, self.attention)
+    }
+
+    fn in_dtype(&mut self, x: Value, dtype: ScalarType) -> Result<Value, HloError> {
+        if self.f.ty(x)?.dtype == dtype {
             Ok(x)
         } else {
-            self.f.convert(x, self.pool)
+            self.f.convert(x, dtype)
         }
+    }
+
+    /// `x [B, C, kvHeads]` f32 (one scale per key) broadcast over the scores
+    /// `[B, kvHeads, T, groups, C]`.
+    fn per_key(&mut self, x: Value, scores_dims: [usize; 5]) -> Result<Value, HloError> {
+        let x = self.f.transpose(x, [0, 2, 1])?;
+        self.f.broadcast_in_dim(x, scores_dims, [0, 1, 4])
     }
 
     /// Columns `[start, limit)` of `x [N, W]`.
@@ -474,13 +546,21 @@ fn build(
             g.f.arg_named(&slot.name, TensorType::new(dtype, slot.dims.clone()))?;
         g.weights.insert(slot.name.clone(), v);
     }
-    let pool_ty = TensorType::new(g.pool, kv.pool_dims());
-    let mut pools = Vec::with_capacity(2 * c.num_hidden_layers);
-    for layer in 0..c.num_hidden_layers {
-        let [k_name, v_name] = step::pool_names(layer);
-        let k = g.f.arg_named(&k_name, pool_ty.clone())?;
-        let v = g.f.arg_named(&v_name, pool_ty.clone())?;
-        pools.push((k, v));
+    // The donated K/V operands as the step contract lists them (codes, then scales per layer).
+    let pool_operands = PoolOperand::all(kv);
+    let mut pools = vec![LayerPools::default(); c.num_hidden_layers];
+    let mut pool_args = Vec::with_capacity(pool_operands.len());
+    for operand in &pool_operands {
+        let ty = TensorType::new(hlo_dtype_unchecked(operand.dtype), operand.dims.clone());
+        let v = g.f.arg_named(&operand.name, ty)?;
+        pool_args.push(v);
+        let layer = &mut pools[operand.layer];
+        match operand.kind {
+            KvPool::K => layer.k = Some(v),
+            KvPool::V => layer.v = Some(v),
+            KvPool::KScales => layer.k_scales = Some(v),
+            KvPool::VScales => layer.v_scales = Some(v),
+        }
     }
 
     // Embedding and the RoPE rows of every token.
@@ -557,8 +637,8 @@ fn build(
 
     let slot = |layer: usize, name: &str| layer_slot(layer, name);
     let bias = |layer: usize, name: &str, present: bool| present.then(|| layer_slot(layer, name));
-    let mut new_pools = Vec::with_capacity(2 * c.num_hidden_layers);
-    for (layer, &(k_pool, v_pool)) in pools.iter().enumerate() {
+    let mut new_pools = Vec::with_capacity(pool_args.len());
+    for (layer, layer_pools) in pools.iter().enumerate() {
         let residual = h;
         let x = g.rms_norm(h, &slot(layer, "input_norm"), c.rms_norm_eps)?;
         // One matmul for q, k and v: [N, (heads + 2 * kvHeads) * D].
@@ -590,21 +670,48 @@ fn build(
         let q = g.f.slice(qk, [0, 0, 0], [n, heads, d], [1, 1, 1])?;
         let k = g.f.slice(qk, [0, heads, 0], [n, qk_heads, d], [1, 1, 1])?;
 
-        let k_pool = write_and_read_pages(g, kv, k_pool, k, &inputs, b, context)?;
-        let v_pool = write_and_read_pages(g, kv, v_pool, v, &inputs, b, context)?;
-        new_pools.push(k_pool.0);
-        new_pools.push(v_pool.0);
-        let (keys, values) = (k_pool.1, v_pool.1);
+        let operand = |v: Option<Value>| {
+            v.ok_or_else(|| HloError::Signature {
+                function: "tlaloc_forward".into(),
+                detail: format!("layer {layer} lacks a K/V operand of the step contract"),
+            })
+        };
+        let keys = write_and_read(
+            g,
+            kv,
+            (operand(layer_pools.k)?, layer_pools.k_scales),
+            k,
+            &inputs,
+            b,
+            context,
+        )?;
+        let values = write_and_read(
+            g,
+            kv,
+            (operand(layer_pools.v)?, layer_pools.v_scales),
+            v,
+            &inputs,
+            b,
+            context,
+        )?;
+        new_pools.push(keys.pool);
+        new_pools.push(values.pool);
+        if let (Some(k_scales), Some(v_scales)) = (keys.scale_pool, values.scale_pool) {
+            new_pools.push(k_scales);
+            new_pools.push(v_scales);
+        }
 
         // The attention dots take the pages in the pool dtype (bf16 pages are not widened;
-        // the small operand is narrowed instead) and accumulate in f32.
-        let attention_precision = g.precision(g.pool);
+        // the small operand is narrowed instead), quantized codes widened to the matrix dtype,
+        // and accumulate in f32.
+        let attention_precision = g.precision(g.attention);
         // Scores [B, kvHeads, T, groups, C]: query head h uses KV head h / groups.
         let q = g.f.reshape(q, [b, t, kv_heads, groups, d])?;
-        let q = g.in_pool_dtype(q)?;
+        let q = g.in_attention_dtype(q)?;
+        let keys_pages = keys.pages;
         let scores = g.f.dot_general(
             q,
-            keys,
+            keys_pages,
             &DotDims {
                 lhs_batch: vec![0, 2],
                 rhs_batch: vec![0, 2],
@@ -614,7 +721,11 @@ fn build(
             attention_precision,
             Some(ScalarType::F32),
         )?;
-        let scores = g.f.mul(scores, scale)?;
+        let mut scores = g.f.mul(scores, scale)?;
+        if let Some(k_scales) = keys.scales {
+            let k_scales = g.per_key(k_scales, scores_dims)?;
+            scores = g.f.mul(scores, k_scales)?;
+        }
         let mask = match window {
             Some(window) => window_masks[&window],
             None => full_mask,
@@ -626,12 +737,16 @@ fn build(
         let exp = g.f.exp(shifted)?;
         let sum = g.f.reduce_sum(exp, [4])?;
         let sum = g.f.broadcast_in_dim(sum, scores_dims, [0, 1, 2, 3])?;
-        let probs = g.f.div(exp, sum)?;
-        let probs = g.in_pool_dtype(probs)?;
+        let mut probs = g.f.div(exp, sum)?;
+        if let Some(v_scales) = values.scales {
+            let v_scales = g.per_key(v_scales, scores_dims)?;
+            probs = g.f.mul(probs, v_scales)?;
+        }
+        let probs = g.in_attention_dtype(probs)?;
         // [B, kvHeads, T, groups, D] -> [B, T, kvHeads, groups, D] -> [N, heads * D].
         let attended = g.f.dot_general(
             probs,
-            values,
+            values.pages,
             &DotDims {
                 lhs_batch: vec![0, 1],
                 rhs_batch: vec![0, 2],
@@ -722,52 +837,156 @@ fn build(
     let next_token_ids = g.f.reshape(next_tokens, [b, 1])?;
 
     let mut results = vec![logits, next_tokens, next_token_ids];
-    for (i, &(k_pool, v_pool)) in pools.iter().enumerate() {
-        g.f.donate(k_pool, results.len() + 2 * i)?;
-        g.f.donate(v_pool, results.len() + 2 * i + 1)?;
+    for (i, &arg) in pool_args.iter().enumerate() {
+        g.f.donate(arg, results.len() + i)?;
     }
     results.extend(new_pools);
     let f = std::mem::replace(&mut g.f, FunctionBuilder::new("tlaloc_forward"));
     f.finish(&results)
 }
 
-/// Writes `rows [N, kvHeads, D]` f32 into `pool` at `slotMapping` (one scatter over the batch)
-/// and reads each row's pages back by `blockTables` (one gather). Returns the updated pool and
-/// the keys or values of every row `[B, C, kvHeads, D]` in the pool dtype.
-fn write_and_read_pages(
+/// One layer's donated K/V operands, as declared.
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerPools {
+    k: Option<Value>,
+    v: Option<Value>,
+    k_scales: Option<Value>,
+    v_scales: Option<Value>,
+}
+
+/// What one K or V write-and-read returns.
+struct Pages {
+    /// The updated pool.
+    pool: Value,
+    /// The updated scale pool, for quantized pools.
+    scale_pool: Option<Value>,
+    /// Every row's keys or values `[B, C, kvHeads, D]` in the attention dtype.
+    pages: Value,
+    /// Their scales `[B, C, kvHeads]` f32, for quantized pools.
+    scales: Option<Value>,
+}
+
+/// Writes `rows [N, kvHeads, D]` f32 into `pool` at `slotMapping` (one scatter over the batch;
+/// for quantized pools the codes and, by the same index, their scales) and reads each row's
+/// pages back by `blockTables` (one gather each).
+fn write_and_read(
     g: &mut Graph,
     kv: &KvCacheLayout,
-    pool: Value,
+    (pool, scale_pool): (Value, Option<Value>),
     rows: Value,
     inputs: &Inputs,
     b: usize,
     context: usize,
-) -> Result<(Value, Value), HloError> {
+) -> Result<Pages, HloError> {
     let (blocks, block_size, kv_heads, d) =
         (kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim);
-    let rows = g.in_pool_dtype(rows)?;
-    let flat = g.f.reshape(pool, [blocks * block_size, kv_heads, d])?;
+    let (codes, scales) = match (g.quant, scale_pool) {
+        (Some(quant), Some(_)) => {
+            let (codes, scales) = quantize_rows(g, quant, rows)?;
+            (codes, Some(scales))
+        }
+        _ => (g.in_pool_dtype(rows)?, None),
+    };
+    let updated = scatter_slots(g, pool, codes, inputs, &kv.pool_dims())?;
+    let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads, d])?;
+    let pages = g.f.reshape(pages, [b, context, kv_heads, d])?;
+    let pages = g.in_attention_dtype(pages)?;
+    let (scale_pool, scale_pages) = match (scale_pool, scales) {
+        (Some(scale_pool), Some(scales)) => {
+            let updated = scatter_slots(
+                g,
+                scale_pool,
+                scales,
+                inputs,
+                &[blocks, block_size, kv_heads],
+            )?;
+            let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads])?;
+            let pages = g.f.reshape(pages, [b, context, kv_heads])?;
+            (Some(updated), Some(pages))
+        }
+        _ => (None, None),
+    };
+    Ok(Pages {
+        pool: updated,
+        scale_pool,
+        pages,
+        scales: scale_pages,
+    })
+}
+
+/// Symmetric absmax quantization of `rows [N, kvHeads, D]` f32, one scale per row and head:
+/// the codes `[N, kvHeads, D]` in the code type and the scales `[N, kvHeads]` f32. An all-zero
+/// row gets scale 0 and codes 0.
+fn quantize_rows(g: &mut Graph, quant: KvQuant, rows: Value) -> Result<(Value, Value), HloError> {
+    let dims = g.dims(rows)?;
+    let (n, kv_heads) = (dims[0], dims[1]);
+    let abs = g.f.abs(rows)?;
+    let absmax = g.f.reduce_max(abs, [2])?;
+    let code_max = g.f.full(&f32_ty(&[n, kv_heads]), quant.code_max)?;
+    let scales = g.f.div(absmax, code_max)?;
+    // Zero rows divide by 1 instead of 0: their codes are 0 either way, never NaN.
+    let zero = g.f.full(&f32_ty(&[n, kv_heads]), 0.0)?;
+    let one = g.f.full(&f32_ty(&[n, kv_heads]), 1.0)?;
+    let nonzero = g.f.compare(scales, CompareDirection::Gt, zero)?;
+    let divisor = g.f.select(nonzero, scales, one)?;
+    let divisor = g.f.broadcast_in_dim(divisor, dims.clone(), [0, 1])?;
+    let scaled = g.f.div(rows, divisor)?;
+    // Rounding can carry |x| / s a hair past the code range; clamp it back.
+    let scaled = if quant.code == ScalarType::I8 {
+        g.f.round_nearest_even(scaled)?
+    } else {
+        scaled
+    };
+    let lo = g.f.full(&f32_ty(&dims), -quant.code_max)?;
+    let hi = g.f.full(&f32_ty(&dims), quant.code_max)?;
+    let clamped = g.f.clamp(lo, scaled, hi)?;
+    let codes = g.f.convert(clamped, quant.code)?;
+    Ok((codes, scales))
+}
+
+/// `pool` (`[numBlocks, blockSize, ...]`) with the token rows `updates [N, ...]` written at
+/// `slotMapping`, by one scatter over the pool viewed as `[numBlocks * blockSize, ...]`.
+fn scatter_slots(
+    g: &mut Graph,
+    pool: Value,
+    updates: Value,
+    inputs: &Inputs,
+    pool_dims: &[usize],
+) -> Result<Value, HloError> {
+    let mut flat_dims = vec![pool_dims[0] * pool_dims[1]];
+    flat_dims.extend_from_slice(&pool_dims[2..]);
+    let window: Vec<usize> = (1..flat_dims.len()).collect();
+    let flat = g.f.reshape(pool, flat_dims)?;
     let flat = g.f.scatter(
         flat,
         inputs.slot_mapping,
-        rows,
-        &ScatterSpec::leading_dim(vec![1, 2], ScatterUpdate::Replace),
+        updates,
+        &ScatterSpec::leading_dim(window, ScatterUpdate::Replace),
     )?;
-    let updated = g.f.reshape(flat, kv.pool_dims())?;
-    let pages = g.f.gather(
-        updated,
+    g.f.reshape(flat, pool_dims.to_vec())
+}
+
+/// Each row's pages of `pool` by `blockTables`: `[B, C / blockSize, page...]`, one gather.
+fn gather_pages(
+    g: &mut Graph,
+    pool: Value,
+    inputs: &Inputs,
+    page: &[usize],
+) -> Result<Value, HloError> {
+    let mut slice_sizes = vec![1];
+    slice_sizes.extend_from_slice(page);
+    g.f.gather(
+        pool,
         inputs.block_tables,
         &GatherSpec {
-            offset_dims: vec![2, 3, 4],
+            offset_dims: (2..2 + page.len()).collect(),
             collapsed_slice_dims: vec![0],
             start_index_map: vec![0],
             index_vector_dim: 2,
-            slice_sizes: vec![1, block_size, kv_heads, d],
+            slice_sizes,
             indices_are_sorted: false,
         },
-    )?;
-    let read = g.f.reshape(pages, [b, context, kv_heads, d])?;
-    Ok((updated, read))
+    )
 }
 
 fn hlo_dtype_unchecked(dtype: Dtype) -> ScalarType {
@@ -778,6 +997,7 @@ fn hlo_dtype_unchecked(dtype: Dtype) -> ScalarType {
         Dtype::I32 => ScalarType::I32,
         Dtype::I8 => ScalarType::I8,
         Dtype::U8 => ScalarType::U8,
+        Dtype::F8E4M3FN => ScalarType::F8E4M3FN,
     }
 }
 
@@ -790,6 +1010,7 @@ pub fn artifact_dtype(dtype: ScalarType) -> Option<Dtype> {
         ScalarType::I32 => Dtype::I32,
         ScalarType::I8 => Dtype::I8,
         ScalarType::U8 => Dtype::U8,
+        ScalarType::F8E4M3FN => Dtype::F8E4M3FN,
         ScalarType::I64 | ScalarType::Pred => return None,
     })
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tlaloc_artifact::{Artifact, Dtype, LadderError, LadderPoint, StepInput};
+use tlaloc_artifact::{Artifact, Dtype, LadderError, LadderPoint, PoolOperand, StepInput};
 use tlaloc_pjrt::{
     Buffer, Client, CompileOptions, Device, ElementType, ExecuteArg, LoadedExecutable,
 };
@@ -61,6 +61,7 @@ fn element_type(dtype: Dtype) -> ElementType {
         Dtype::I32 => ElementType::S32,
         Dtype::I8 => ElementType::S8,
         Dtype::U8 => ElementType::U8,
+        Dtype::F8E4M3FN => ElementType::F8E4M3FN,
     }
 }
 
@@ -153,22 +154,24 @@ impl Runner {
         runner
     }
 
-    fn pool_byte_len(&self) -> usize {
-        let kv = &self.artifact.manifest().kv_cache;
-        kv.pool_dims().iter().product::<usize>() * kv.dtype.byte_size()
+    /// Every donated K/V operand, in operand order (`K0, V0, K1, ...`, each layer's scales
+    /// after its pools when quantized).
+    pub fn pool_operands(&self) -> Vec<PoolOperand> {
+        PoolOperand::all(&self.artifact.manifest().kv_cache)
     }
 
     /// Replaces every pool with bytes `byte(i)` (used to make stray writes visible).
     pub fn fill_pools(&mut self, byte: impl Fn(usize) -> u8) {
-        let kv = self.artifact.manifest().kv_cache.clone();
-        let bytes: Vec<u8> = (0..self.pool_byte_len()).map(byte).collect();
-        self.pools = (0..2 * kv.num_layers)
-            .map(|_| {
+        self.pools = self
+            .pool_operands()
+            .iter()
+            .map(|p| {
+                let bytes: Vec<u8> = (0..p.byte_length() as usize).map(&byte).collect();
                 self.client
                     .buffer_from_host_bytes(
                         &bytes,
-                        element_type(kv.dtype),
-                        &dims_i64(&kv.pool_dims()),
+                        element_type(p.dtype),
+                        &dims_i64(&p.dims),
                         &self.device,
                     )
                     .unwrap()
@@ -176,23 +179,27 @@ impl Runner {
             .collect();
     }
 
-    /// The bytes of every pool, `K0, V0, K1, ...`.
+    /// The bytes of every pool, in [`Runner::pool_operands`] order.
     pub fn read_pools(&self) -> Vec<Vec<u8>> {
-        let len = self.pool_byte_len();
         self.pools
             .iter()
-            .map(|p| {
-                let mut out = vec![0u8; len];
+            .zip(self.pool_operands())
+            .map(|(p, operand)| {
+                let mut out = vec![0u8; operand.byte_length() as usize];
                 p.copy_to_host_bytes(&mut out).unwrap();
                 out
             })
             .collect()
     }
 
-    /// Bytes of one token slot in a pool.
-    pub fn slot_bytes(&self) -> usize {
+    /// Bytes of one token slot in each pool (codes or scales), in operand order.
+    pub fn slot_bytes(&self) -> Vec<usize> {
         let kv = &self.artifact.manifest().kv_cache;
-        kv.num_kv_heads * kv.head_dim * kv.dtype.byte_size()
+        let slots = (kv.num_blocks * kv.block_size) as u64;
+        self.pool_operands()
+            .iter()
+            .map(|p| (p.byte_length() / slots) as usize)
+            .collect()
     }
 
     pub fn block_size(&self) -> usize {

@@ -39,6 +39,7 @@ cases!(
     compare_signed_unsigned,
     select_and_clamp,
     convert,
+    quantize_i8_and_f8e4m3fn,
     broadcast_in_dim,
     reshape_transpose,
     dot_general_matmul_highest,
@@ -455,6 +456,79 @@ pub fn convert() -> Case {
         t([2], i.iter().map(|&v| i64::from(v)).collect::<Vec<_>>()),
     ];
     exact(f.finish(&outs).unwrap(), vec![tx, tb, ti], expected)
+}
+
+/// The value of every finite e4m3 (`f8E4M3FN`) code: sign, 4 exponent bits of bias 7,
+/// 3 mantissa bits (`S.1111.111` is NaN).
+fn e4m3_codes() -> Vec<(u8, f64)> {
+    (0u8..=255)
+        .filter(|b| b & 0x7F != 0x7F)
+        .map(|b| {
+            let (e, m) = (i32::from((b >> 3) & 0x0F), f64::from(b & 0x07));
+            let v = if e == 0 {
+                m / 8.0 * 2f64.powi(-6)
+            } else {
+                (1.0 + m / 8.0) * 2f64.powi(e - 7)
+            };
+            (b, if b & 0x80 != 0 { -v } else { v })
+        })
+        .collect()
+}
+
+/// e4m3 by search over every code: the nearest, ties to the even code (+0 for 0).
+fn to_e4m3(x: f32) -> u8 {
+    let x = f64::from(x);
+    let mut best = (f64::INFINITY, 0u8);
+    for (bits, v) in e4m3_codes() {
+        let d = (v - x).abs();
+        let better = d < best.0 || (d == best.0 && bits & 1 == 0 && best.1 & 1 == 1);
+        if better && !(v == 0.0 && bits == 0x80 && x >= 0.0) {
+            best = (d, bits);
+        }
+    }
+    best.1
+}
+
+/// The K/V write's quantization ops: `round_nearest_even`, the i8 conversion of clamped codes,
+/// and f32 <-> `f8E4M3FN` both ways (values within e4m3's range, normals and subnormals).
+pub fn quantize_i8_and_f8e4m3fn() -> Case {
+    let mut rng = Lcg::new(11);
+    let mut x = rng.f32s(12, -130.0, 130.0);
+    x.extend([0.5, 1.5, 2.5, -2.5, 127.49, -0.003, 0.1, 3.3]);
+    let n = x.len();
+    let tx = vector(&x);
+    let mut f = FunctionBuilder::new("quantize");
+    let [xv] = args(&mut f, [&tx]);
+    let rounded = f.round_nearest_even(xv).unwrap();
+    let lo = f
+        .full(&TensorType::new(ScalarType::F32, [n]), -127.0)
+        .unwrap();
+    let hi = f
+        .full(&TensorType::new(ScalarType::F32, [n]), 127.0)
+        .unwrap();
+    let clamped = f.clamp(lo, rounded, hi).unwrap();
+    let codes = f.convert(clamped, ScalarType::I8).unwrap();
+    let e4m3 = f.convert(xv, ScalarType::F8E4M3FN).unwrap();
+    let widened = f.convert(e4m3, ScalarType::F32).unwrap();
+    let outs = [rounded, codes, e4m3, widened];
+    let e4m3_bits: Vec<u8> = x.iter().map(|&v| to_e4m3(v)).collect();
+    let values = e4m3_codes();
+    let value_of = |bits: u8| values.iter().find(|(b, _)| *b == bits).unwrap().1 as f32;
+    let expected = vec![
+        t([n], map_f32(&x, f32::round_ties_even)),
+        t(
+            [n],
+            x.iter()
+                .map(|&v| v.round_ties_even().clamp(-127.0, 127.0) as i8)
+                .collect::<Vec<_>>(),
+        ),
+        t([n], ConstData::F8E4M3FN(e4m3_bits.clone())),
+        t(
+            [n],
+            e4m3_bits.iter().map(|&b| value_of(b)).collect::<Vec<_>>(),
+        ),
+    ];
+    exact(f.finish(&outs).unwrap(), vec![tx], expected)
 }
 
 pub fn broadcast_in_dim() -> Case {

@@ -24,6 +24,7 @@ fn element_type(dtype: ScalarType) -> ElementType {
         ScalarType::I64 => ElementType::S64,
         ScalarType::I8 => ElementType::S8,
         ScalarType::U8 => ElementType::U8,
+        ScalarType::F8E4M3FN => ElementType::F8E4M3FN,
         ScalarType::Pred => ElementType::Pred,
     }
 }

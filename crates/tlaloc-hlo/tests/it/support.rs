@@ -53,7 +53,7 @@ impl Tensor {
                 Scalar::I32(v) => out.extend(v.to_le_bytes()),
                 Scalar::I64(v) => out.extend(v.to_le_bytes()),
                 Scalar::I8(v) => out.extend(v.to_le_bytes()),
-                Scalar::U8(v) => out.push(v),
+                Scalar::U8(v) | Scalar::F8E4M3FN(v) => out.push(v),
                 Scalar::Pred(v) => out.push(u8::from(v)),
             }
         }
@@ -102,6 +102,7 @@ impl Tensor {
                     .collect(),
             ),
             ScalarType::U8 => ConstData::U8(bytes.to_vec()),
+            ScalarType::F8E4M3FN => ConstData::F8E4M3FN(bytes.to_vec()),
             ScalarType::Pred => ConstData::Pred(bytes.iter().map(|&b| b != 0).collect()),
         };
         Tensor {

@@ -16,6 +16,18 @@ pub enum ExportDtype {
     Bf16,
 }
 
+/// The K/V pools' element type.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KvDtype {
+    F32,
+    Bf16,
+    /// i8 codes with one f32 scale per token and KV head.
+    Int8,
+    /// fp8 e4m3 (`f8E4M3FN`) codes with one f32 scale per token and KV head; loads only on a
+    /// plugin that compiles the type.
+    Fp8,
+}
+
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// A Hugging Face checkpoint directory or a `.gguf` file.
@@ -24,9 +36,12 @@ pub struct ExportArgs {
     /// The artifact directory to write (must be missing or empty, unless --force).
     #[arg(long)]
     out: PathBuf,
-    /// Dtype of the matrix weights and the KV pools.
+    /// Dtype of the matrix weights (and of the KV pools, unless --kv-dtype).
     #[arg(long, value_enum, default_value_t = ExportDtype::F32)]
     dtype: ExportDtype,
+    /// Dtype of the K/V pools (default: --dtype).
+    #[arg(long, value_enum)]
+    kv_dtype: Option<KvDtype>,
     /// Largest decode batch.
     #[arg(long)]
     max_batch: Option<usize>,
@@ -89,6 +104,12 @@ impl ExportArgs {
                 ExportDtype::F32 => Dtype::F32,
                 ExportDtype::Bf16 => Dtype::Bf16,
             },
+            kv_dtype: self.kv_dtype.map(|d| match d {
+                KvDtype::F32 => Dtype::F32,
+                KvDtype::Bf16 => Dtype::Bf16,
+                KvDtype::Int8 => Dtype::I8,
+                KvDtype::Fp8 => Dtype::F8E4M3FN,
+            }),
             ladder: LadderOptions {
                 max_batch,
                 max_context,
@@ -169,6 +190,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
         m.kv_cache.block_size,
         m.kv_cache.num_blocks
     );
+    println!("KV cache: {}", super::inspect::kv_summary(&m.kv_cache));
     println!("time: {:.2?}", start.elapsed());
     for plugin in &args.compile {
         super::compile::compile_for(

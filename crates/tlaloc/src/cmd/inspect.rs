@@ -79,6 +79,7 @@ fn summarize(artifact: &Artifact) -> String {
         m.kv_cache.head_dim,
         m.kv_cache.dtype
     );
+    let _ = writeln!(out, "  {}", kv_summary(&m.kv_cache));
     let _ = writeln!(
         out,
         "ladder: batch {:?}, context {:?}, prefill chunks {:?}",
@@ -118,4 +119,21 @@ fn summarize(artifact: &Artifact) -> String {
             .join(", ")
     );
     out
+}
+
+/// The K/V layout in one line: dtype, scale layout, bytes per token of context and in all.
+pub fn kv_summary(kv: &tlaloc_artifact::KvCacheLayout) -> String {
+    let scales = match (kv.scales, kv.scale_dims()) {
+        (Some(s), Some(dims)) => format!(
+            "{} scales {} {:?} beside each pool",
+            s.dtype, s.granularity, dims
+        ),
+        _ => "no scales".to_owned(),
+    };
+    format!(
+        "{} pools, {scales}; {} bytes per token of context, {} bytes in all",
+        kv.dtype,
+        kv.bytes_per_token(),
+        kv.total_bytes()
+    )
 }
