@@ -432,6 +432,13 @@ fn bf16_error_units(num_layers: usize) -> f64 {
     ((16 * num_layers + 2) as f64 / 3.0).sqrt()
 }
 
+/// The steps of each golden case the agreement test forces: the first 12 (of up to 32), which
+/// keep the test's cost (four artifacts, two plugins) within a CI run while still crossing
+/// decided and near-tie steps in every case.
+fn forced_prefix(greedy_ids: &[i32]) -> &[i32] {
+    &greedy_ids[..greedy_ids.len().min(12)]
+}
+
 /// One pool dtype's teacher-forced run against the f32 pools' on one case.
 #[derive(Debug)]
 struct Forced {
@@ -468,7 +475,7 @@ fn int8_greedy_agreement_is_never_worse_than_bf16() {
                     .iter()
                     .map(|c| {
                         runner
-                            .forced_steps(&c.prompt_ids, &c.greedy_ids)
+                            .forced_steps(&c.prompt_ids, forced_prefix(&c.greedy_ids))
                             .iter()
                             .map(|s| s.next_token)
                             .collect()
@@ -478,7 +485,7 @@ fn int8_greedy_agreement_is_never_worse_than_bf16() {
             .collect();
         let mut worse = Vec::new();
         for (i, case) in cases.iter().enumerate() {
-            let n = case.greedy_ids.len();
+            let n = forced_prefix(&case.greedy_ids).len();
             let decided: Vec<bool> = (0..n)
                 .map(|step| {
                     let top = &case.top_logits[step];
