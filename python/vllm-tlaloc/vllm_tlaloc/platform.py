@@ -73,6 +73,12 @@ class TlalocPlatform(Platform):
     # scheduler) for validate_request.
     _info = None
 
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        # float32 first: vLLM downcasts a float32 config to the first of these, and an f32
+        # artifact runs f32 (a bf16 config keeps bf16).
+        return [torch.float32, torch.bfloat16]
+
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         return "tlaloc"
@@ -190,20 +196,29 @@ class TlalocPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
+        # A validation error is vLLM's client error: the OpenAI server answers it with a 400.
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import SamplingParams
 
         if not isinstance(params, SamplingParams):
-            raise ValueError("tlaloc: pooling requests refused; this artifact generates text")
+            raise VLLMValidationError(
+                "tlaloc: pooling requests refused; this artifact generates text"
+            )
         for name, unused in _UNSUPPORTED_SAMPLING.items():
             value = getattr(params, name, unused)
             if value not in (unused, [], {}) and not (
                 isinstance(unused, float) and value is not None and float(value) == unused
             ):
-                raise ValueError(
+                raise VLLMValidationError(
                     f"tlaloc: sampling parameter {name}={value!r} refused; the worker "
                     "implements temperature, top_p, top_k, seed, logprobs, stop, "
-                    "max_tokens and n"
+                    "max_tokens and n",
+                    parameter=name,
+                    value=value,
                 )
-        info = cls._info
-        if info is not None and params.logprobs is not None and params.logprobs > 20:
-            raise ValueError(f"tlaloc: logprobs={params.logprobs} refused; at most 20")
+        if params.logprobs is not None and params.logprobs > 20:
+            raise VLLMValidationError(
+                f"tlaloc: logprobs={params.logprobs} refused; at most 20",
+                parameter="logprobs",
+                value=params.logprobs,
+            )
