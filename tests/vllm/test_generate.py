@@ -1,6 +1,8 @@
 """`LLM.generate` on the SmolLM2 artifact through the plugin, against transformers' goldens."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import MIN_MARGIN, PREFILL_CHUNK, trusted_ids
@@ -110,8 +112,30 @@ def test_unimplemented_sampling_parameters_are_refused_by_name(llm, goldens, par
         (dict(max_model_len=4096), "max_model_len"),
         (dict(num_gpu_blocks_override=7), "num_gpu_blocks_override"),
         (dict(tensor_parallel_size=3), "tensor_parallel_size"),
+        (dict(enable_lora=True), "LoRA"),
+        (
+            dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
+            "speculative decoding",
+        ),
     ],
 )
 def test_what_the_artifact_cannot_honour_is_refused_at_start_up(hf_dir, kwargs, named):
     with pytest.raises(Exception, match=named):
         LLM(model=hf_dir, **kwargs)
+
+
+def test_a_config_that_disagrees_with_the_manifest_is_refused_by_field(hf_dir, tmp_path):
+    # The artifact, linked file by file, with one field of its config.json changed.
+    artifact = Path(hf_dir).parent
+    for entry in artifact.iterdir():
+        if entry.name != "tokenizer":
+            (tmp_path / entry.name).symlink_to(entry)
+    (tmp_path / "tokenizer").mkdir()
+    for entry in Path(hf_dir).iterdir():
+        if entry.name != "config.json":
+            (tmp_path / "tokenizer" / entry.name).symlink_to(entry)
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    config["num_hidden_layers"] += 1
+    (tmp_path / "tokenizer" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="num_hidden_layers"):
+        LLM(model=str(tmp_path / "tokenizer"))
