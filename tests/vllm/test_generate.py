@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -124,18 +126,20 @@ def test_what_the_artifact_cannot_honour_is_refused_at_start_up(hf_dir, kwargs, 
         LLM(model=hf_dir, **kwargs)
 
 
-def test_a_config_that_disagrees_with_the_manifest_is_refused_by_field(hf_dir, tmp_path):
-    # The artifact, linked file by file, with one field of its config.json changed.
+def test_a_config_that_disagrees_with_the_manifest_is_refused_by_field(hf_dir):
+    # The artifact hard-linked file by file (the loader refuses symbolic links out of it), with
+    # one field of its config.json changed.
     artifact = Path(hf_dir).parent
-    for entry in artifact.iterdir():
-        if entry.name != "tokenizer":
-            (tmp_path / entry.name).symlink_to(entry)
-    (tmp_path / "tokenizer").mkdir()
-    for entry in Path(hf_dir).iterdir():
-        if entry.name != "config.json":
-            (tmp_path / "tokenizer" / entry.name).symlink_to(entry)
-    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    copy = artifact.parent / "disagreeing-config"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(artifact, copy, copy_function=os.link)
+    config_path = copy / "tokenizer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.unlink()
     config["num_hidden_layers"] += 1
-    (tmp_path / "tokenizer" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(Exception, match="num_hidden_layers"):
-        LLM(model=str(tmp_path / "tokenizer"))
+    config_path.write_text(json.dumps(config))
+    try:
+        with pytest.raises(Exception, match="num_hidden_layers"):
+            LLM(model=str(copy / "tokenizer"))
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
