@@ -16,6 +16,13 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-15} bash scripts/fuzz.sh 2>&1 | tee "$log/fuzz.txt"
 fuzz_status=${PIPESTATUS[0]}
 bash tests/server/run.sh 2>&1 | tee "$log/server.txt"
 server_status=${PIPESTATUS[0]}
+# --- vLLM plugin lane: LLM.generate and `vllm serve` through vllm-tlaloc (tests/vllm/run.sh) ---
+bash tests/vllm/run.sh 2>&1 | tee "$log/vllm.txt"
+vllm_status=${PIPESTATUS[0]}
+read -r vllm_passed vllm_failed < <(awk '/ in [0-9.]+s/ && /passed|failed|error/ {
+    for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i }
+  } END { print p + 0, f + 0 }' "$log/vllm.txt")
+# --- end of the vLLM plugin lane ---
 
 # cargo prints "test result: ok. N passed; M failed; ..." per test binary; pytest prints
 # "N passed, M failed in ..." per run; tests/server/run.sh prints "load test result: ..." and
@@ -37,10 +44,11 @@ status=0
 [ "$cargo_status" -eq 0 ] || status=1
 [ "$fuzz_status" -eq 0 ] || status=1
 [ "$server_status" -eq 0 ] || status=1
+[ "$vllm_status" -eq 0 ] || status=1
 if [ "$status" -eq 0 ]; then verdict=ok; else verdict=FAILED; fi
 echo "tests: $verdict. cargo $cargo_passed passed, $cargo_failed failed (exit $cargo_status);" \
   "fuzz targets $fuzz_passed passed, $fuzz_failed failed (exit $fuzz_status);" \
   "server $py_passed passed, $py_failed failed; load tests $load_passed passed, $load_failed failed;" \
   "soaks $soak_passed passed, $soak_failed failed" \
-  "(exit $server_status)"
+  "(exit $server_status); vllm plugin $vllm_passed passed, $vllm_failed failed (exit $vllm_status)"
 exit "$status"

@@ -11,6 +11,7 @@
 mod dtype;
 mod error;
 mod executables;
+pub mod hf_config;
 mod ladder;
 mod loader;
 mod manifest;

@@ -212,6 +212,11 @@ pub fn export_checkpoint(
     for (name, bytes) in checkpoint.tokenizer.files() {
         files.push(writer.write_tokenizer_file(name, bytes)?);
     }
+    files.push(crate::hf_config::write_hf_config(
+        &mut writer,
+        &model,
+        options.dtype,
+    )?);
     let tokenizer = ManifestTokenizer {
         files,
         chat_template: Some(checkpoint.tokenizer.chat_template().is_some()),

@@ -14,6 +14,7 @@ pub mod error;
 pub mod export;
 pub mod gguf;
 pub mod graph;
+pub mod hf_config;
 mod mapped;
 pub mod safetensors;
 pub mod survey;

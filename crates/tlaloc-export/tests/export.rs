@@ -305,3 +305,58 @@ fn existing_output_is_refused_unless_forced() {
     opts.force = true;
     export(&src, &out, &opts, &mut |_| {}).unwrap();
 }
+
+#[test]
+fn the_hugging_face_config_agrees_with_the_checkpoints_own() {
+    let out = support::scratch_dir("export-hf-config");
+    export(
+        support::fixture("tiny-llama-tied"),
+        &out,
+        &options(Dtype::F32, small_ladder()),
+        &mut |_| {},
+    )
+    .unwrap();
+    let artifact = Artifact::open(&out).unwrap();
+    let m = artifact.manifest();
+    let file = m
+        .tokenizer
+        .files
+        .iter()
+        .find(|f| f.name == tlaloc_artifact::hf_config::HF_CONFIG_FILE)
+        .expect("config.json is a tokenizer file of the manifest");
+    let bytes = std::fs::read(out.join(&file.path)).unwrap();
+    tlaloc_artifact::hf_config::check_hf_config(m, &bytes).unwrap();
+    // The checkpoint's own config.json is the reference for every field both carry.
+    let ours: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let source: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(support::fixture("tiny-llama-tied").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    for field in [
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+    ] {
+        let want = source.get(field).expect("the fixture states it");
+        if want.is_number() {
+            assert_eq!(ours[field].as_f64(), want.as_f64(), "{field}");
+        } else {
+            assert_eq!(&ours[field], want, "{field}");
+        }
+    }
+    assert_eq!(ours["architectures"], source["architectures"]);
+    assert_eq!(ours["rope_theta"], source["rope_parameters"]["rope_theta"]);
+    // A file that disagrees is refused by name.
+    let mut wrong = ours.clone();
+    wrong["num_hidden_layers"] = serde_json::json!(99);
+    let err =
+        tlaloc_artifact::hf_config::check_hf_config(m, wrong.to_string().as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("num_hidden_layers"), "{err}");
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The vLLM plugin tests: vLLM 0.33.0 in its own venv under .tlaloc/ (kept between runs; reinstalled
+# when requirements.txt changes), the vllm-tlaloc plugin built into it (rebuilt when its Rust or
+# Python sources change), the SmolLM2 artifact exported with the `tlaloc` binary in $TLALOC
+# (default target/debug/tlaloc; the same export as tests/server/run.sh), then the pytest suite on
+# each test plugin: `LLM.generate` against the transformers goldens and `vllm serve` with the
+# `openai` client.
+#
+# Environment: TLALOC (binary), TLALOC_TEST_PLUGINS (':'-separated plugin .so paths; default:
+# every *.so under .tlaloc/plugins/*/), PYTHON (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+TLALOC=${TLALOC:-target/debug/tlaloc}
+PYTHON=${PYTHON:-python3}
+venv=.tlaloc/vllm-venv
+gguf=.tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf
+artifact=target/vllm-tests/smol
+
+if [ ! -x "$TLALOC" ]; then
+  echo "no tlaloc binary at $TLALOC; build it with \`cargo build -p tlaloc\` or set TLALOC" >&2
+  exit 1
+fi
+if [ ! -f "$gguf" ]; then
+  echo "the SmolLM2 model is missing at $gguf; run \`bash scripts/setup.sh\`" >&2
+  exit 1
+fi
+if [ -n "${TLALOC_TEST_PLUGINS:-}" ]; then
+  IFS=: read -r -a plugins <<< "$TLALOC_TEST_PLUGINS"
+else
+  shopt -s nullglob
+  plugins=(.tlaloc/plugins/*/*.so)
+  shopt -u nullglob
+fi
+if [ ${#plugins[@]} -eq 0 ]; then
+  echo "no PJRT plugin found; run \`tlaloc plugin install cpu\` (or bash scripts/setup.sh)" >&2
+  exit 1
+fi
+
+# vLLM pins the CUDA build of torch (PyPI has no CPU-only one): ~9 GB, installed once.
+if [ ! -x "$venv/bin/python" ]; then
+  "$PYTHON" -m venv "$venv"
+fi
+if ! cmp -s tests/vllm/requirements.txt "$venv/requirements.installed"; then
+  echo "== install vLLM into $venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: \
+    -r tests/vllm/requirements.txt
+  cp tests/vllm/requirements.txt "$venv/requirements.installed"
+fi
+
+# The plugin is rebuilt when anything it is built from changed. The dev profile shares the
+# workspace's `cargo test` build.
+sources=$(git ls-files -s crates/tlaloc-py crates/tlaloc-runtime crates/tlaloc-artifact \
+  crates/tlaloc-pjrt python/vllm-tlaloc Cargo.lock | sha256sum | cut -d' ' -f1)
+sources="$sources $(git diff HEAD -- crates python Cargo.lock | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$venv/vllm-tlaloc.installed" 2>/dev/null)" != "$sources" ]; then
+  echo "== build the vllm-tlaloc plugin into $venv"
+  PATH="$PWD/$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" \
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation \
+    --force-reinstall --no-deps ./python/vllm-tlaloc
+  echo "$sources" > "$venv/vllm-tlaloc.installed"
+fi
+
+if [ ! -f "$artifact/tlaloc-serving.json" ] || [ "$TLALOC" -nt "$artifact/tlaloc-serving.json" ]; then
+  echo "== export $artifact"
+  "$TLALOC" export --checkpoint "$gguf" --max-batch 2 --max-context 128 --prefill-chunk 64 \
+    --out "$artifact" --force >/dev/null
+fi
+
+export TLALOC_VLLM_ARTIFACT="$PWD/$artifact"
+# The engine runs in the test process: faster start, and its errors reach pytest directly.
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+# `vllm serve` runs the same worker as `LLM.generate`: it is tested on the first plugin only, to
+# keep the lane within CI's budget; `LLM.generate` and the refusals run on every plugin.
+status=0
+only_first=()
+for plugin in "${plugins[@]}"; do
+  echo "== vLLM plugin tests on $plugin"
+  TLALOC_PJRT_PLUGIN_PATH="$PWD/$plugin" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/vllm "${only_first[@]}" || status=1
+  only_first=(--ignore=tests/vllm/test_serve.py)
+done
+exit "$status"
