@@ -59,6 +59,7 @@ pub fn torch_dtype_of(dtype: Dtype) -> &'static str {
         Dtype::I32 => "int32",
         Dtype::I8 => "int8",
         Dtype::U8 => "uint8",
+        Dtype::F8E4M3FN => "float8_e4m3fn",
     }
 }
 

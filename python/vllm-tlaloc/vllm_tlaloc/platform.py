@@ -147,7 +147,15 @@ class TlalocPlatform(Platform):
             _refuse("dtype", str(model_config.dtype), f"{want} (the artifact's {info.dtype})")
 
         cache = vllm_config.cache_config
-        if cache.cache_dtype not in ("auto", str(want).removeprefix("torch.")):
+        # vLLM's spellings of the artifact's K/V pool dtype (`auto` takes whatever it is).
+        kv_names = {
+            "f32": ("float32",),
+            "bf16": ("bfloat16",),
+            "f16": ("float16",),
+            "i8": ("int8",),
+            "f8e4m3fn": ("fp8", "fp8_e4m3"),
+        }.get(info.kv_cache_dtype, ())
+        if cache.cache_dtype not in ("auto", *kv_names):
             _refuse(
                 "kv_cache_dtype",
                 cache.cache_dtype,

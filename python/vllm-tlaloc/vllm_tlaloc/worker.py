@@ -77,7 +77,13 @@ class TlalocWorker(WorkerBase):
         from vllm.v1.kv_cache_interface import FullAttentionSpec
 
         info = self._shape()
-        dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[info.kv_cache_dtype]
+        dtype = {
+            "f32": torch.float32,
+            "bf16": torch.bfloat16,
+            "f16": torch.float16,
+            "i8": torch.int8,
+            "f8e4m3fn": torch.float8_e4m3fn,
+        }[info.kv_cache_dtype]
         # One spec stands for all the artifact's layers: vLLM only needs the block size for its
         # block tables; the pools themselves live on the PJRT device.
         return {
