@@ -106,6 +106,18 @@ def grpc_text_inputs(text: bytes, max_tokens: int):
     return [prompt, stream, params]
 
 
+CANCELLED = "cancelled by the client; aborted and its K/V pages freed"
+
+
+def wait_log(triton, predicate, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        log = triton.log_text()
+        if predicate(log) or time.monotonic() > deadline:
+            return log
+        time.sleep(0.05)
+
+
 def test_a_grpc_stream_cancelled_aborts_the_request_and_frees_its_pages(triton):
     client = triton.grpc()
     responses = queue.Queue()
@@ -116,14 +128,18 @@ def test_a_grpc_stream_cancelled_aborts_the_request_and_frees_its_pages(triton):
     for _ in range(3):
         result, error = responses.get(timeout=300)
         assert error is None, error
-    held = triton.metric("tlaloc_kv_pages_used", "smol")
-    assert held >= 1
+    assert triton.metric("tlaloc_kv_pages_used", "smol") >= 1
     client.stop_stream(cancel_requests=True)
+    # The backend names the aborted request (a request that ran to its end would not be).
+    line = "request 'cancel-me'"
+    log = wait_log(triton, lambda log: any(line in l and CANCELLED in l for l in log.splitlines()))
+    assert any(line in l and CANCELLED in l for l in log.splitlines()), log[-3000:]
     assert triton.wait_metric("tlaloc_kv_pages_used", "smol", 0) == 0
     client.close()
 
 
 def test_a_client_that_goes_away_mid_stream_frees_its_pages(triton):
+    before = triton.log_text().count(CANCELLED)
     body = json.dumps({"text_input": "The capital of France is", "stream": True,
                        "sampling_parameters": sampling(100)}).encode()
     with socket.create_connection(("127.0.0.1", triton.http_port)) as s:
@@ -135,6 +151,8 @@ def test_a_client_that_goes_away_mid_stream_frees_its_pages(triton):
             assert chunk, seen
             seen += chunk
         assert triton.metric("tlaloc_kv_pages_used", "smol") >= 1
+    log = wait_log(triton, lambda log: log.count(CANCELLED) > before)
+    assert log.count(CANCELLED) == before + 1, log[-3000:]
     assert triton.wait_metric("tlaloc_kv_pages_used", "smol", 0) == 0
 
 

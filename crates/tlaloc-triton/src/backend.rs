@@ -235,6 +235,7 @@ impl ModelState {
         let sampling = params::parse(string_input(request, "sampling_parameters")?.as_deref())?;
         let prompt_ids = self.shared.codec.encode(&text)?;
         Ok(Some(Job {
+            client_id: request.id(),
             request: engine_request(prompt_ids, &sampling, None),
             outputs: requested(request, &["text_output", "finish_reason", "output_ids"])?,
             kind: JobKind::Generate {
@@ -278,6 +279,14 @@ impl ModelState {
         let new_tokens = engine_request.prompt_ids.len() + sampling.max_tokens;
         let mut sequences = self.shared.sequences.lock().expect("sequence table");
         if start {
+            if sequences.get(&key).is_some_and(|s| s.busy) {
+                return Err(BackendError::new(
+                    Code::Unavailable,
+                    format!(
+                        "START of sequence {key} refused: a request of its previous run is still running; send the START after its response"
+                    ),
+                ));
+            }
             let old = sequences.remove(&key);
             if old.is_some() {
                 // A re-START of a live sequence: its old pages go first.
@@ -325,6 +334,7 @@ impl ModelState {
             live.last_active = Instant::now();
         }
         Ok(Some(Job {
+            client_id: request.id(),
             request: engine_request,
             outputs: requested(request, &["output_ids", "finish_reason"])?,
             kind: JobKind::Sequence { key, end },
@@ -379,6 +389,8 @@ impl Shared {
 
 #[derive(Debug)]
 struct Job {
+    /// The client's request ID (for the log).
+    client_id: String,
     request: GenerateRequest,
     outputs: Vec<&'static str>,
     kind: JobKind,
@@ -504,13 +516,15 @@ async fn respond(
             {
                 let mut table = shared.sequences.lock().expect("sequence table");
                 match (&outcome, *end) {
-                    (Ok((tokens, _)), false) => {
-                        if let Some(live) = table.get_mut(key) {
+                    (Ok((tokens, _)), false) => match table.get_mut(key) {
+                        Some(live) => {
                             live.busy = false;
                             live.tokens += tokens;
                             live.last_active = Instant::now();
                         }
-                    }
+                        // Dropped from the table while it ran: nothing may stay parked.
+                        None => shared.engine.release_sequence(*key),
+                    },
                     (Ok(_), true) => {
                         table.remove(key);
                     }
@@ -526,6 +540,15 @@ async fn respond(
         }
     };
     if let Err(e) = outcome {
+        if e.code == Code::Cancelled {
+            ffi::log(
+                ffi::LOG_INFO,
+                &format!(
+                    "tlaloc: model {}: request '{}' (engine request {id}) cancelled by the client; aborted and its K/V pages freed",
+                    shared.config.name, job.client_id
+                ),
+            );
+        }
         let _ = factory.send_error(&e);
     }
     shared.refresh_gauges();

@@ -184,6 +184,7 @@ api! {
     TRITONBACKEND_RequestInput: fn(*mut TRITONBACKEND_Request, *const c_char, *mut *mut TRITONBACKEND_Input) -> Err;
     TRITONBACKEND_InputProperties: fn(*mut TRITONBACKEND_Input, *mut *const c_char, *mut CEnum, *mut *const i64, *mut u32, *mut u64, *mut u32) -> Err;
     TRITONBACKEND_InputBuffer: fn(*mut TRITONBACKEND_Input, u32, *mut *const c_void, *mut u64, *mut CEnum, *mut i64) -> Err;
+    TRITONBACKEND_RequestId: fn(*mut TRITONBACKEND_Request, *mut *const c_char) -> Err;
     TRITONBACKEND_RequestCorrelationId: fn(*mut TRITONBACKEND_Request, *mut u64) -> Err;
     TRITONBACKEND_RequestOutputCount: fn(*mut TRITONBACKEND_Request, *mut u32) -> Err;
     TRITONBACKEND_RequestOutputName: fn(*mut TRITONBACKEND_Request, u32, *mut *const c_char) -> Err;
@@ -419,6 +420,17 @@ impl Request {
             shape,
             bytes,
         }))
+    }
+
+    /// The client's request ID (empty when it gave none).
+    pub fn id(&self) -> String {
+        let mut id = ptr::null();
+        // SAFETY: `self.0` is a live request; the ID is owned by it and copied now.
+        match take_error(unsafe { (api().TRITONBACKEND_RequestId)(self.0, &mut id) }) {
+            // SAFETY: a C string owned by the live request, copied now.
+            None => unsafe { owned(id) },
+            Some(_) => String::new(),
+        }
     }
 
     /// The numeric correlation ID (fails for a string ID).
