@@ -122,6 +122,16 @@ class Triton:
                 return value
             time.sleep(0.05)
 
+    def wait_metric_at_least(self, name: str, model: str, least: float, timeout: float = 10) -> float:
+        """Polls the metric until it is at least `least` (the gauges lag the engine by up to
+        their 50 ms refresh); returns the last value read."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.metric(name, model)
+            if value >= least or time.monotonic() > deadline:
+                return value
+            time.sleep(0.01)
+
     def stop(self) -> int:
         """SIGTERM by PID; the exit status."""
         self.http.close()

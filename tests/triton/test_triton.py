@@ -128,7 +128,7 @@ def test_a_grpc_stream_cancelled_aborts_the_request_and_frees_its_pages(triton):
     for _ in range(3):
         result, error = responses.get(timeout=300)
         assert error is None, error
-    assert triton.metric("tlaloc_kv_pages_used", "smol") >= 1
+    assert triton.wait_metric_at_least("tlaloc_kv_pages_used", "smol", 1) >= 1
     client.stop_stream(cancel_requests=True)
     # The backend names the aborted request (a request that ran to its end would not be).
     line = "request 'cancel-me'"
@@ -150,7 +150,7 @@ def test_a_client_that_goes_away_mid_stream_frees_its_pages(triton):
             chunk = s.recv(4096)
             assert chunk, seen
             seen += chunk
-        assert triton.metric("tlaloc_kv_pages_used", "smol") >= 1
+        assert triton.wait_metric_at_least("tlaloc_kv_pages_used", "smol", 1) >= 1
     log = wait_log(triton, lambda log: log.count(CANCELLED) > before)
     assert log.count(CANCELLED) == before + 1, log[-3000:]
     assert triton.wait_metric("tlaloc_kv_pages_used", "smol", 0) == 0
