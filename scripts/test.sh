@@ -24,6 +24,15 @@ read -r vllm_passed vllm_failed < <(awk '/ in [0-9.]+s/ && /passed|failed|error/
   } END { print p + 0, f + 0 }' "$log/vllm.txt")
 # --- end of the vLLM plugin lane ---
 
+# --- Triton backend: tests/triton/run.sh (the real tritonserver from the nvidia-pytriton wheel,
+# on every plugin); its pytest lines are counted into "triton N passed, M failed".
+bash tests/triton/run.sh 2>&1 | tee "$log/triton.txt"
+triton_status=${PIPESTATUS[0]}
+read -r triton_passed triton_failed < <(awk '/ in [0-9.]+s/ && /passed|failed/ {
+    for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i }
+  } END { print p + 0, f + 0 }' "$log/triton.txt")
+# --- end Triton backend
+
 # cargo prints "test result: ok. N passed; M failed; ..." per test binary; pytest prints
 # "N passed, M failed in ..." per run; tests/server/run.sh prints "load test result: ..." and
 # "soak result: ..." per plugin.
@@ -45,10 +54,12 @@ status=0
 [ "$fuzz_status" -eq 0 ] || status=1
 [ "$server_status" -eq 0 ] || status=1
 [ "$vllm_status" -eq 0 ] || status=1
+[ "$triton_status" -eq 0 ] || status=1
 if [ "$status" -eq 0 ]; then verdict=ok; else verdict=FAILED; fi
 echo "tests: $verdict. cargo $cargo_passed passed, $cargo_failed failed (exit $cargo_status);" \
   "fuzz targets $fuzz_passed passed, $fuzz_failed failed (exit $fuzz_status);" \
   "server $py_passed passed, $py_failed failed; load tests $load_passed passed, $load_failed failed;" \
   "soaks $soak_passed passed, $soak_failed failed" \
-  "(exit $server_status); vllm plugin $vllm_passed passed, $vllm_failed failed (exit $vllm_status)"
+  "(exit $server_status); vllm plugin $vllm_passed passed, $vllm_failed failed (exit $vllm_status);" \
+  "triton $triton_passed passed, $triton_failed failed (exit $triton_status)"
 exit "$status"
