@@ -14,27 +14,13 @@ cd "$(dirname "$0")/../.."
 TLALOC=${TLALOC:-target/debug/tlaloc}
 PYTHON=${PYTHON:-python3}
 work=target/server-tests
-gguf=.tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 if [ ! -x "$TLALOC" ]; then
   echo "no tlaloc binary at $TLALOC; build it with \`cargo build -p tlaloc\` or set TLALOC" >&2
   exit 1
 fi
-if [ ! -f "$gguf" ]; then
-  echo "the SmolLM2 model is missing at $gguf; run \`bash scripts/setup.sh\`" >&2
-  exit 1
-fi
-if [ -n "${TLALOC_TEST_PLUGINS:-}" ]; then
-  IFS=: read -r -a plugins <<< "$TLALOC_TEST_PLUGINS"
-else
-  shopt -s nullglob
-  plugins=(.tlaloc/plugins/*/*.so)
-  shopt -u nullglob
-fi
-if [ ${#plugins[@]} -eq 0 ]; then
-  echo "no PJRT plugin found; run \`tlaloc plugin install cpu\` (or bash scripts/setup.sh)" >&2
-  exit 1
-fi
+# The model and the plugins: sets `gguf` and `plugins`.
+source tests/lane_inputs.sh
 
 venv=.venv-server-tests
 if [ ! -x "$venv/bin/python" ]; then

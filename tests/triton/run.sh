@@ -18,23 +18,9 @@ case "$profile" in dev) out_dir=debug ;; *) out_dir=$profile ;; esac
 pytriton=nvidia-pytriton==0.7.0
 cache=.tlaloc/triton
 work=target/triton-tests
-gguf=.tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-if [ ! -f "$gguf" ]; then
-  echo "the SmolLM2 model is missing at $gguf; run \`bash scripts/setup.sh\`" >&2
-  exit 1
-fi
-if [ -n "${TLALOC_TEST_PLUGINS:-}" ]; then
-  IFS=: read -r -a plugins <<< "$TLALOC_TEST_PLUGINS"
-else
-  shopt -s nullglob
-  plugins=(.tlaloc/plugins/*/*.so)
-  shopt -u nullglob
-fi
-if [ ${#plugins[@]} -eq 0 ]; then
-  echo "no PJRT plugin found; run \`tlaloc plugin install cpu\` (or bash scripts/setup.sh)" >&2
-  exit 1
-fi
+# The model and the plugins: sets `gguf` and `plugins`.
+source tests/lane_inputs.sh
 
 # The server: the wheel's own tritonserver binary and libraries (it needs glibc 2.35+; on an
 # older machine it fails to start, and so does this script).

@@ -212,35 +212,24 @@ impl Artifact {
 
     /// The bytes of one weight file (the operand itself), length-checked.
     pub fn weight_bytes(&self, slot: &str) -> Result<Vec<u8>, ArtifactError> {
-        let weight =
-            self.manifest
-                .weight(slot)
-                .ok_or_else(|| ArtifactError::UnknownWeightSlot {
-                    slot: slot.to_owned(),
-                })?;
-        let path = self.resolve_weight(weight)?;
-        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
-        if bytes.len() as u64 != weight.byte_length {
-            return Err(ArtifactError::WeightLengthMismatch {
-                file: weight.file.clone(),
-                slot: weight.slot.clone(),
-                expected: weight.byte_length,
-                found: bytes.len() as u64,
-            });
-        }
+        let mut bytes = vec![0u8; self.weight_entry(slot)?.byte_length as usize];
+        self.read_weight_into(slot, &mut bytes)?;
         Ok(bytes)
     }
 
+    fn weight_entry(&self, slot: &str) -> Result<&WeightEntry, ArtifactError> {
+        self.manifest
+            .weight(slot)
+            .ok_or_else(|| ArtifactError::UnknownWeightSlot {
+                slot: slot.to_owned(),
+            })
+    }
+
     /// Reads the weight `slot`'s file into `into`, which must be exactly its byte length (for
-    /// a loader that reuses one buffer, such as memory mapped for DMA, across weights).
+    /// a loader that reuses one staging buffer across weights), length-checked.
     pub fn read_weight_into(&self, slot: &str, into: &mut [u8]) -> Result<(), ArtifactError> {
         use std::io::Read as _;
-        let weight =
-            self.manifest
-                .weight(slot)
-                .ok_or_else(|| ArtifactError::UnknownWeightSlot {
-                    slot: slot.to_owned(),
-                })?;
+        let weight = self.weight_entry(slot)?;
         let path = self.resolve_weight(weight)?;
         let mismatch = |found: u64| ArtifactError::WeightLengthMismatch {
             file: weight.file.clone(),
