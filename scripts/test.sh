@@ -12,6 +12,9 @@ trap 'rm -rf "$log"' EXIT
 
 cargo test --workspace --no-fail-fast --quiet 2>&1 | tee "$log/cargo.txt"
 cargo_status=${PIPESTATUS[0]}
+# The cargo tests' scratch (exported artifacts, ~5 GB) is rebuilt by the next run; the plugin
+# lanes below need the disk.
+rm -rf target/tmp && mkdir -p target/tmp
 FUZZ_SECONDS=${FUZZ_SECONDS:-15} bash scripts/fuzz.sh 2>&1 | tee "$log/fuzz.txt"
 fuzz_status=${PIPESTATUS[0]}
 bash tests/server/run.sh 2>&1 | tee "$log/server.txt"

@@ -29,7 +29,16 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! cmp -s tests/vllm/requirements.txt "$venv/requirements.installed"; then
   echo "== install vLLM into $venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: \
+  # pip holds every wheel (~4 GB) until the install (~9.5 GB) is done; say so before it fails
+  # half-way with ENOSPC.
+  need_kib=$((15 * 1024 * 1024))
+  free_kib=$(df -k --output=avail .tlaloc | tail -1)
+  if [ "$free_kib" -lt "$need_kib" ]; then
+    echo "installing vLLM into $venv needs 15 GiB free on its disk; $((free_kib / 1024)) MiB are" \
+      "free. Free space there, or point .tlaloc at a larger disk." >&2
+    exit 1
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir --only-binary=:all: \
     -r tests/vllm/requirements.txt
   cp tests/vllm/requirements.txt "$venv/requirements.installed"
 fi
