@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Before and after a graph change, in one machine call: two `tlaloc` binaries each export the same
+# random-weight TinyLlama-shape bf16 checkpoint with the same ladder and run the same decode
+# benches, alternating A, B, A, B so that drift of the machine shows as a difference between
+# the two runs of one binary. Then Nsight Compute's kernel count and GPU time per batch-1 step
+# for each binary (scripts/gpu/profile.sh). The bench JSON of every run lands in OUT_DIR.
+#   bash scripts/gpu/compare_binaries.sh OUT_DIR BINARY_A BINARY_B
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=$(realpath -m "${1:?usage: compare_binaries.sh OUT_DIR BINARY_A BINARY_B}")
+a=$(realpath "${2:?binary A}")
+b=$(realpath "${3:?binary B}")
+work=${TLALOC_GPU_WORK:-/tmp/tlaloc-gpu}
+export TLALOC_HOME=$work/home
+mkdir -p "$out" "$work" "$TLALOC_HOME"
+log() { echo "== $(date +%T) $*"; }
+batches=${COMPARE_BATCHES:-1,8,64,128}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+python3 scripts/gpu/bandwidth.py | tee "$out/bandwidth.json"
+gbps=$(python3 -c "import json;print(json.load(open('$out/bandwidth.json'))['bandwidth_bytes_per_s']/1e9)")
+model=$work/tinyllama-1.1b-bf16
+python3 scripts/gpu/make_random_llama.py --shape tinyllama-1.1b --dtype bfloat16 --out "$model"
+for side in a b; do
+  bin=${!side}
+  log "export with $side ($bin)"
+  "$bin" export --checkpoint "$model" --out "$work/$side.tlaloc" --dtype bf16 \
+    --batch-buckets "$batches" --context-buckets 512 --block-size 16 --prefill-chunk 512 \
+    --force > "$out/export-$side.txt" 2>&1 || { tail -20 "$out/export-$side.txt"; exit 1; }
+done
+for round in 1 2; do
+  for side in a b; do
+    bin=${!side}
+    log "bench $side, round $round"
+    "$bin" bench --artifact "$work/$side.tlaloc" --plugin cuda --batch "$batches" \
+      --prompt-len 320 --gen-len 192 --bandwidth-gbps "$gbps" --json \
+      > "$out/bench-$side-$round.json" 2> "$out/bench-$side-$round.log" \
+      || tail -20 "$out/bench-$side-$round.log"
+  done
+done
+python3 - "$out" "$batches" <<'PY'
+import json, sys
+out, batches = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+def rows(path):
+    try:
+        bench = json.load(open(path))
+    except (OSError, ValueError):
+        return {}
+    return {r["batch"]: r["decode"] for r in bench["batches"]}
+print("| batch | A ms/step (runs) | B ms/step (runs) | B / A |")
+print("|---|---|---|---|")
+for batch in batches:
+    got = {}
+    for side in "ab":
+        got[side] = [rows(f"{out}/bench-{side}-{r}.json").get(batch, {}).get("wall_ms_per_step") for r in (1, 2)]
+    a = [x for x in got["a"] if x]; b = [x for x in got["b"] if x]
+    ratio = f"{(sum(b) / len(b)) / (sum(a) / len(a)):.3f}" if a and b else "-"
+    print(f"| {batch} | {', '.join(f'{x:.3f}' for x in a)} | {', '.join(f'{x:.3f}' for x in b)} | {ratio} |")
+PY
+for side in a b; do
+  log "profile $side"
+  TLALOC=${!side} TLALOC_GPU_WORK=$work/profile-$side bash scripts/gpu/profile.sh "$out/profile-$side" \
+    > "$out/profile-$side.txt" 2>&1 || true
+  grep -m1 "per decode step" "$out/profile-$side.txt" || tail -5 "$out/profile-$side.txt"
+done
