@@ -102,15 +102,22 @@ def reference(model_dir, device, prompt, new_tokens):
     return {"tokens": out[0, len(prompt):].tolist(), "bf16": bf16, "f32": f32}
 
 
-def run_reference(model_dir, device, python=None, prompt=CHECK_PROMPT, new_tokens=CHECK_NEW_TOKENS):
-    """`reference` in a subprocess of `python` (default: this interpreter)."""
+def run_reference(model_dir, device, python=None, cache=None, prompt=CHECK_PROMPT,
+                  new_tokens=CHECK_NEW_TOKENS):
+    """`reference` in a subprocess of `python` (default: this interpreter). With `cache`, a file
+    kept from an earlier run on the same model, prompt and device is read instead."""
+    key = np.array([os.path.realpath(model_dir), device, ",".join(map(str, prompt)),
+                    str(new_tokens)])
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "reference.npz")
-        subprocess.run([python or sys.executable, os.path.abspath(__file__), "reference",
-                        "--model", model_dir, "--device", device, "--prompt",
-                        ",".join(map(str, prompt)), "--new-tokens", str(new_tokens),
-                        "--out", path], check=True)
-        data = np.load(path)
+        path = cache or os.path.join(tmp, "reference.npz")
+        data = np.load(path) if cache and os.path.exists(cache) else None
+        if data is None or list(data["key"]) != list(key):
+            subprocess.run([python or sys.executable, os.path.abspath(__file__), "reference",
+                            "--model", model_dir, "--device", device, "--prompt",
+                            ",".join(map(str, prompt)), "--new-tokens", str(new_tokens),
+                            "--out", path], check=True)
+            data = dict(np.load(path), key=key)
+            np.savez(path, **data)
         return {"tokens": data["tokens"].tolist(), "bf16": data["bf16"], "f32": data["f32"],
                 "prompt": list(prompt)}
 
@@ -156,6 +163,8 @@ def add_peer_args(parser):
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--reference-python", help="python with transformers for the self-check "
                                                    "(default: this one)")
+    parser.add_argument("--reference-cache", help="file for transformers' self-check reference: "
+                                                  "read when it matches, else written")
 
 
 def windows(context, steps):

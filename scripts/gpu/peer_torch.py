@@ -7,7 +7,7 @@ head_dim]): embedding, then per layer RMSNorm, q/k/v projections, RoPE at the st
 the position, attention as two matmuls with a mask by length (f32 softmax), o projection, RMSNorm,
 SwiGLU; final RMSNorm, LM head, argmax. All rows decode at one position, as in the bench's steady
 state. The step is compiled with `torch.compile(mode=--compile-mode, dynamic=False)` (one compile
-per (batch, context), dynamo reset between shapes), then captured with `torch.cuda.CUDAGraph`
+per (batch, context), each kept), then captured with `torch.cuda.CUDAGraph`
 together with the feedback (the argmax copied into the static input, the position advanced), so
 each replay is one greedy step with no host work. Timing: CUDA events around `--steps` replays over
 the bench's decode positions (lane.sh: 320..511 at context 512, 1536..2047 at 2048), after warm-up.
@@ -210,12 +210,18 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch._dynamo.config.assume_static_by_default = True
+    # One compile per (batch, context), all kept: a captured graph's kernels must stay loaded.
+    for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                  "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 256)
     device = args.device
     config = peer_check.model_config(args.model)
     batches = [int(b) for b in args.batches.split(",") if b]
     contexts = [int(c) for c in args.contexts.split(",") if c]
 
-    ref = peer_check.run_reference(args.model, device, args.reference_python)
+    ref = peer_check.run_reference(args.model, device, args.reference_python,
+                                    args.reference_cache)
     weights = load_weights(args.model, config, device)
     step = make_step(config)
     check_runner = Runner(config, weights, step, 1, contexts[0], device, args.compile_mode)
@@ -237,7 +243,6 @@ def main():
                     runner = check_runner
                 else:
                     runner = None
-                    torch._dynamo.reset()
                     runner = Runner(config, weights, step, batch, context, device,
                                     args.compile_mode)
                 seconds, steps, start = time_point(runner, context, args.steps, args.warmup)
