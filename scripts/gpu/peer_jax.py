@@ -264,8 +264,8 @@ def main():
             try:
                 row.update(time_point(config, params, programs, batch, context, args.block_size,
                                       args.steps, args.warmup, args.loop_steps))
-            except jax.errors.JaxRuntimeError as error:
-                row["error"] = str(error).splitlines()[0][:300]
+            except Exception as error:  # a point that fails is reported, the others still run
+                row["error"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
             print("RESULT " + json.dumps(row), flush=True)
 
 

@@ -251,6 +251,8 @@ def main():
                            compile_s=round(runner.compile_s, 1))
             except torch.OutOfMemoryError:
                 row["error"] = "out of memory"
+            except Exception as error:  # a point that fails is reported, the others still run
+                row["error"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
             del runner
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -104,8 +104,9 @@ for peer in PEERS:
         rows = [json.loads(line) for line in open(path) if line.strip()]
         check = next((r["check"] for r in rows if "check" in r), None)
         if check:
-            print(f"{os.path.basename(path)}: self-check against transformers {check['agreed_steps']}/"
-                  f"{check['of']} steps, max logit error {check['max_logit_err']:.3g} "
+            print(f"{os.path.basename(path)}: self-check against transformers "
+                  f"{check['agreed_steps']}/{check['of']} steps, "
+                  f"max logit error {check['max_logit_err']:.3g} "
                   f"(tolerance {check['tol']:.3g}); {sum('error' not in r for r in rows)} points")
         else:
             print(f"{os.path.basename(path)}: no result (see {peer}-*.log)")
