@@ -147,7 +147,8 @@ def compare(ref, tokens, logits=None):
                              f"f32 logits {gap:.4g} apart (more than {2 * tol:.4g})")
         agreed += 1
     return {"agreed_steps": agreed, "of": len(ref["tokens"]), "max_logit_err": max_err,
-            "tol": tol, "hf_bf16_noise": noise}
+            "tol": tol, "hf_bf16_noise": noise, "tokens": [int(t) for t in tokens],
+            "hf_tokens": list(ref["tokens"])}
 
 
 def add_peer_args(parser):
