@@ -5,11 +5,11 @@ One decode step of a Llama in bf16 over a static K/V cache per layer ([batch, kv
 head_dim]): embedding, then per layer RMSNorm, q/k/v projections, RoPE at the step's position
 (tables made as transformers makes them: f32, then cast), the new K/V written with `index_copy_` at
 the position, attention as two matmuls with a mask by length (f32 softmax), o projection, RMSNorm,
-SwiGLU; final RMSNorm, LM head, argmax. All rows decode at one position, as in the bench's steady
-state. The step is compiled with `torch.compile(mode=--compile-mode, dynamic=False)` (one compile
-per (batch, context), each kept), then captured with `torch.cuda.CUDAGraph`
-together with the feedback (the argmax copied into the static input, the position advanced), so
-each replay is one greedy step with no host work. Timing: CUDA events around `--steps` replays over
+SwiGLU; final RMSNorm, LM head, argmax. All rows decode at one position (the step reads the whole
+cache, masked, so its cost does not depend on where the rows are). The step is compiled with
+`torch.compile(mode=--compile-mode, dynamic=False)` (one compile per (batch, context), each kept),
+then captured with `torch.cuda.CUDAGraph` together with the feedback (the argmax copied into the
+static input, the position advanced), so each replay is one greedy step with no host work. Timing: CUDA events around `--steps` replays over
 the bench's decode positions (lane.sh: 320..511 at context 512, 1536..2047 at 2048), after warm-up.
 
 `--device cpu` runs the same step compiled (or eager with `--compile-mode none`) without a CUDA
