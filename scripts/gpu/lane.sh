@@ -97,6 +97,27 @@ if [ "$part" = speed ] || [ "$part" = all ]; then
         --prompt-len "$prompt" --gen-len 8 --bandwidth-gbps "$gbps" --json \
         > "$out/prefill-$shape-p$prompt.json" 2>> "$out/prefill-$shape.log" || true
     done
+    # The peers on the same weights, batches and decode positions: a plain JAX paged forward and
+    # a compiled torch step in a CUDA graph (TORCH_COMPILE_MODE). Each gets PEER_SECONDS (default
+    # 150) of what is left, keeping 60 s for transformers; a peer that fails or runs out of time
+    # is logged, not fatal (the rows it finished stay in PEER-SHAPE.json).
+    for peer in jax torch; do
+      budget=$(( $(left) - 60 < ${PEER_SECONDS:-150} ? $(left) - 60 : ${PEER_SECONDS:-150} ))
+      if [ "$budget" -lt 30 ]; then
+        log "speed: $shape — peer $peer skipped: ${budget}s left for it"
+        continue
+      fi
+      log "speed: $shape — peer $peer (${budget}s)"
+      extra=""
+      [ "$peer" = torch ] && extra="--compile-mode ${TORCH_COMPILE_MODE:-max-autotune-no-cudagraphs}"
+      # shellcheck disable=SC2086
+      timeout "$budget" python3 "scripts/gpu/peer_$peer.py" --model "$model" $extra \
+        --batches 1,8,32,64,128 --contexts 512,2048 --time-budget $(( budget * 3 / 4 )) \
+        --reference-cache "$work/peer-reference-$shape.npz" \
+        > "$out/$peer-$shape.log" 2>&1 \
+        || log "speed: $shape — peer $peer failed (rc $?), see $peer-$shape.log"
+      grep '^RESULT ' "$out/$peer-$shape.log" | sed 's/^RESULT //' > "$out/$peer-$shape.json" || true
+    done
     log "speed: $shape — transformers generate (static cache)"
     timeout "$(( $(left) > 10 ? $(left) - 10 : 1 ))" python3 scripts/gpu/hf_baseline.py \
       --model "$model" --dtype bfloat16 --batches 1,8,32,64,128 --contexts 512,2048 \

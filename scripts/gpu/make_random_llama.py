@@ -30,6 +30,7 @@ def main():
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda", help="where the weights are initialised")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
     if (out / "config.json").exists():
@@ -42,7 +43,7 @@ def main():
                          bos_token_id=1, eos_token_id=2, dtype=dtype)
     # A wide init keeps logits apart so that greedy chains are not decided by rounding.
     config.initializer_range = 0.25 if args.shape == "tiny" else 0.02
-    with torch.device("cuda"):
+    with torch.device(args.device):
         model = LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="20GB")
     meta = {"shape": args.shape, "dtype": args.dtype, "seed": args.seed,

@@ -35,6 +35,42 @@ def hf_rows(shape):
     return {(r["batch"], r["context"]): r for r in rows if "error" not in r}
 
 
+PEERS = ("jax", "torch")
+
+
+def peer_rows(peer, shape):
+    """A peer's rows (peer_jax.py / peer_torch.py RESULT lines, one JSON object a line, in
+    PEER-SHAPE.json), by (batch, context); rows that report an error are left out."""
+    rows = {}
+    try:
+        lines = open(os.path.join(lane, f"{peer}-{shape}.json")).read().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        if line.strip():
+            r = json.loads(line)
+            if "error" not in r:
+                rows[(r["batch"], r["context"])] = r
+    return rows
+
+
+def peer_cells(peers, point, tlaloc_ms):
+    """JAX, JAX loop and torch ms/step, and Tlaloc's ms/step over the fastest of them (below 1:
+    Tlaloc is faster), naming that peer."""
+    jax, torch = peers["jax"].get(point), peers["torch"].get(point)
+    times = {"JAX": jax and jax.get("decode_ms_per_step"),
+             "JAX loop": jax and jax.get("loop_ms_per_step"),
+             "torch": torch and torch.get("decode_ms_per_step")}
+    cells = [f"{t:.3f}" if t else "-" for t in times.values()]
+    measured = {name: t for name, t in times.items() if t}
+    if measured:
+        best = min(measured, key=measured.get)
+        cells.append(f"{tlaloc_ms / measured[best]:.2f} ({best})")
+    else:
+        cells.append("-")
+    return " " + " | ".join(cells) + " |"
+
+
 for path in sorted(glob.glob(os.path.join(lane, "bench-*.json"))):
     bench = load(path)
     name = os.path.basename(path)[len("bench-"):-len(".json")]
@@ -46,8 +82,12 @@ for path in sorted(glob.glob(os.path.join(lane, "bench-*.json"))):
         continue
     print(f"\n### {name} (ready {bench['ready_ms'] / 1e3:.1f} s, "
           f"compile cache {bench['load'].get('compile_cache')})\n")
-    print("| batch | tlaloc ms/step | tokens/s | floor ms | x floor | HF ms/step | HF tokens/s | tlaloc / HF speed | chained steps |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    peers = {peer: peer_rows(peer, shape) for peer in PEERS}
+    has_peers = any(os.path.exists(os.path.join(lane, f"{peer}-{shape}.json")) for peer in PEERS)
+    peer_header = " JAX ms/step | JAX loop ms/step | torch ms/step | Tlaloc / best peer |"
+    print("| batch | tlaloc ms/step | tokens/s | floor ms | x floor | HF ms/step | HF tokens/s | tlaloc / HF speed | chained steps |"
+          + (peer_header if has_peers else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" * 4 if has_peers else ""))
     for row in bench["batches"]:
         d = row["decode"]
         h = hf_by_point.get((row["batch"], int(context)))
@@ -56,7 +96,20 @@ for path in sorted(glob.glob(os.path.join(lane, "bench-*.json"))):
         ratio = f"{h['decode_ms_per_step'] / d['wall_ms_per_step']:.2f}x" if h else "-"
         print(f"| {row['batch']} | {d['wall_ms_per_step']:.3f} | {d['tokens_per_s']:.0f} | "
               f"{d['floor_ms']:.3f} | {d['ratio_to_floor']:.2f} | {hf_ms} | {hf_tps} | {ratio} | "
-              f"{d.get('chained_steps', 0)}/{d['steps']} |")
+              f"{d.get('chained_steps', 0)}/{d['steps']} |" + (peer_cells(
+                  peers, (row["batch"], int(context)), d["wall_ms_per_step"]) if has_peers else ""))
+
+for peer in PEERS:
+    for path in sorted(glob.glob(os.path.join(lane, f"{peer}-*.json"))):
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+        check = next((r["check"] for r in rows if "check" in r), None)
+        if check:
+            print(f"{os.path.basename(path)}: self-check against transformers "
+                  f"{check['agreed_steps']}/{check['of']} steps, "
+                  f"max logit error {check['max_logit_err']:.3g} "
+                  f"(tolerance {check['tol']:.3g}); {sum('error' not in r for r in rows)} points")
+        else:
+            print(f"{os.path.basename(path)}: no result (see {peer}-*.log)")
 
 for path in sorted(glob.glob(os.path.join(lane, "prefill-*.json"))):
     bench = load(path)
