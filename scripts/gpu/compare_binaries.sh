@@ -59,7 +59,7 @@ for batch in batches:
 PY
 for side in a b; do
   log "profile $side"
-  TLALOC=${!side} TLALOC_GPU_WORK=$work/profile-$side bash scripts/gpu/profile.sh "$out/profile-$side" \
-    > "$out/profile-$side.txt" 2>&1 || true
+  TLALOC=${!side} TLALOC_GPU_WORK=$work timeout "${PROFILE_SECONDS:-180}" \
+    bash scripts/gpu/profile.sh "$out/profile-$side" > "$out/profile-$side.txt" 2>&1 || true
   grep -m1 "per decode step" "$out/profile-$side.txt" || tail -5 "$out/profile-$side.txt"
 done
