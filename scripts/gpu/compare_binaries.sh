@@ -5,6 +5,7 @@
 # the two runs of one binary. Then Nsight Compute's kernel count and GPU time per batch-1 step
 # for each binary (scripts/gpu/profile.sh). The bench JSON of every run lands in OUT_DIR.
 #   bash scripts/gpu/compare_binaries.sh OUT_DIR BINARY_A BINARY_B
+# COMPARE_BATCHES (default 1,8,64,128), COMPARE_ROUNDS (default 2), COMPARE_PROFILE=0 (no profiles).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(realpath -m "${1:?usage: compare_binaries.sh OUT_DIR BINARY_A BINARY_B}")
@@ -28,7 +29,7 @@ for side in a b; do
     --batch-buckets "$batches" --context-buckets 512 --block-size 16 --prefill-chunk 512 \
     --force > "$out/export-$side.txt" 2>&1 || { tail -20 "$out/export-$side.txt"; exit 1; }
 done
-for round in 1 2; do
+for round in $(seq "${COMPARE_ROUNDS:-2}"); do
   for side in a b; do
     bin=${!side}
     log "bench $side, round $round"
@@ -52,12 +53,12 @@ print("|---|---|---|---|")
 for batch in batches:
     got = {}
     for side in "ab":
-        got[side] = [rows(f"{out}/bench-{side}-{r}.json").get(batch, {}).get("wall_ms_per_step") for r in (1, 2)]
+        got[side] = [rows(f"{out}/bench-{side}-{r}.json").get(batch, {}).get("wall_ms_per_step") for r in (1, 2, 3)]
     a = [x for x in got["a"] if x]; b = [x for x in got["b"] if x]
     ratio = f"{(sum(b) / len(b)) / (sum(a) / len(a)):.3f}" if a and b else "-"
     print(f"| {batch} | {', '.join(f'{x:.3f}' for x in a)} | {', '.join(f'{x:.3f}' for x in b)} | {ratio} |")
 PY
-for side in a b; do
+for side in $( [ "${COMPARE_PROFILE:-1}" = 1 ] && echo a b ); do
   log "profile $side"
   TLALOC=${!side} TLALOC_GPU_WORK=$work timeout "${PROFILE_SECONDS:-180}" \
     bash scripts/gpu/profile.sh "$out/profile-$side" > "$out/profile-$side.txt" 2>&1 || true
