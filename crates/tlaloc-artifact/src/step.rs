@@ -88,9 +88,8 @@ impl StepInput {
     /// The value of a dead row's (or a padding token's) element.
     ///
     /// Block 0 is the scratch page; a sequence length is never 0 (a zero length masks every key
-    /// and the softmax becomes 0/0); slot -1 is out of bounds: a step's K/V scatter drops it, and
-    /// a single-token step's write (a dynamic-update-slice, which clamps) puts it on slot 0 of
-    /// the scratch page. Either way a dead token writes nothing that a sequence reads.
+    /// and the softmax becomes 0/0); slot -1 is out of bounds, so the K/V scatter drops it and a
+    /// dead token writes nothing.
     pub const fn padding(self) -> i32 {
         match self {
             StepInput::TokenIds | StepInput::Positions | StepInput::BlockTables => 0,

@@ -11,8 +11,7 @@
 //! [`rope`]) once per step, then paged attention: the new K/V rows of the
 //! whole batch are written by ONE scatter into each pool viewed as
 //! `[numBlocks * blockSize, kvHeads, headDim]` at `slotMapping` (index -1 is out of bounds and
-//! dropped: the padding contract; a single token is written by a dynamic-update-slice instead,
-//! see `scatter_slots`), and each row's pages are read back by ONE gather by
+//! dropped: the padding contract), and each row's pages are read back by ONE gather by
 //! `blockTables`; grouped-query scores in f32, masked by causality (`c <= position`) and by
 //! `c < seqLen`, and on a sliding-window layer by `c > position - window` (each mask is built
 //! once per step), softmax in f32 (max subtracted), weighted
@@ -473,55 +472,6 @@ impl Graph {
         }
     }
 
-    /// The scores `[1, kvHeads, 1, groups, C]` f32 of a single-token step, as products and an f32
-    /// reduction over `D` rather than a dot: `q [1, 1, kvHeads, groups, D]` and the gathered
-    /// `pages [1, C, kvHeads, D]`, both in the attention dtype, widened inside the reduction.
-    ///
-    /// Why: XLA fuses the page gather into a reduction, while a dot reads the gathered pages
-    /// back from memory. For one row that is faster (the paged-attention probe,
-    /// scripts/gpu/attention_probe.py: 0.22 against 0.29 ms per step on the H200 at TinyLlama's
-    /// shape and context 512); from batch 64 up the dots win by 2.5-3x, so batches keep them. The
-    /// products are the same values the dot multiplies; only the summation order differs.
-    fn single_token_scores(
-        &mut self,
-        q: Value,
-        pages: Value,
-        scores_dims: [usize; 5],
-    ) -> Result<Value, HloError> {
-        let d = self.dims(q)?[4];
-        let [b, kv_heads, t, groups, context] = scores_dims;
-        let wide = [b, kv_heads, t, groups, context, d];
-        let q = self.in_dtype(q, ScalarType::F32)?;
-        let q = self.f.transpose(q, [0, 2, 1, 3, 4])?;
-        let q = self.f.broadcast_in_dim(q, wide, [0, 1, 2, 3, 5])?;
-        let pages = self.in_dtype(pages, ScalarType::F32)?;
-        let pages = self.f.transpose(pages, [0, 2, 1, 3])?;
-        let pages = self.f.broadcast_in_dim(pages, wide, [0, 1, 4, 5])?;
-        let products = self.f.mul(q, pages)?;
-        self.f.reduce_sum(products, [5])
-    }
-
-    /// The attention output `[1, kvHeads, 1, groups, D]` f32 of a single-token step: `probs
-    /// [1, kvHeads, 1, groups, C]` times the gathered value `pages [1, C, kvHeads, D]`, as
-    /// products and an f32 reduction over `C` (see [`Graph::single_token_scores`]).
-    fn single_token_values(
-        &mut self,
-        probs: Value,
-        pages: Value,
-        scores_dims: [usize; 5],
-        d: usize,
-    ) -> Result<Value, HloError> {
-        let [b, kv_heads, t, groups, context] = scores_dims;
-        let wide = [b, kv_heads, t, groups, context, d];
-        let probs = self.in_dtype(probs, ScalarType::F32)?;
-        let probs = self.f.broadcast_in_dim(probs, wide, [0, 1, 2, 3, 4])?;
-        let pages = self.in_dtype(pages, ScalarType::F32)?;
-        let pages = self.f.transpose(pages, [0, 2, 1, 3])?;
-        let pages = self.f.broadcast_in_dim(pages, wide, [0, 1, 4, 5])?;
-        let products = self.f.mul(probs, pages)?;
-        self.f.reduce_sum(products, [4])
-    }
-
     /// `x [B, C, kvHeads]` f32 (one scale per key) broadcast over the scores
     /// `[B, kvHeads, T, groups, C]`.
     fn per_key(&mut self, x: Value, scores_dims: [usize; 5]) -> Result<Value, HloError> {
@@ -758,23 +708,19 @@ fn build(
         // Scores [B, kvHeads, T, groups, C]: query head h uses KV head h / groups.
         let q = g.f.reshape(q, [b, t, kv_heads, groups, d])?;
         let q = g.in_attention_dtype(q)?;
-        let single_token = n == 1;
-        let scores = if single_token {
-            g.single_token_scores(q, keys.pages, scores_dims)?
-        } else {
-            g.f.dot_general(
-                q,
-                keys.pages,
-                &DotDims {
-                    lhs_batch: vec![0, 2],
-                    rhs_batch: vec![0, 2],
-                    lhs_contract: vec![4],
-                    rhs_contract: vec![3],
-                },
-                attention_precision,
-                Some(ScalarType::F32),
-            )?
-        };
+        let keys_pages = keys.pages;
+        let scores = g.f.dot_general(
+            q,
+            keys_pages,
+            &DotDims {
+                lhs_batch: vec![0, 2],
+                rhs_batch: vec![0, 2],
+                lhs_contract: vec![4],
+                rhs_contract: vec![3],
+            },
+            attention_precision,
+            Some(ScalarType::F32),
+        )?;
         let mut scores = g.f.mul(scores, scale)?;
         if let Some(k_scales) = keys.scales {
             let k_scales = g.per_key(k_scales, scores_dims)?;
@@ -798,22 +744,18 @@ fn build(
         }
         let probs = g.in_attention_dtype(probs)?;
         // [B, kvHeads, T, groups, D] -> [B, T, kvHeads, groups, D] -> [N, heads * D].
-        let attended = if single_token {
-            g.single_token_values(probs, values.pages, scores_dims, d)?
-        } else {
-            g.f.dot_general(
-                probs,
-                values.pages,
-                &DotDims {
-                    lhs_batch: vec![0, 1],
-                    rhs_batch: vec![0, 2],
-                    lhs_contract: vec![4],
-                    rhs_contract: vec![1],
-                },
-                attention_precision,
-                Some(ScalarType::F32),
-            )?
-        };
+        let attended = g.f.dot_general(
+            probs,
+            values.pages,
+            &DotDims {
+                lhs_batch: vec![0, 1],
+                rhs_batch: vec![0, 2],
+                lhs_contract: vec![4],
+                rhs_contract: vec![1],
+            },
+            attention_precision,
+            Some(ScalarType::F32),
+        )?;
         let attended = g.f.transpose(attended, [0, 2, 1, 3, 4])?;
         let attended = g.f.reshape(attended, [n, heads * d])?;
         let o = g.linear(
@@ -1003,15 +945,7 @@ fn quantize_rows(g: &mut Graph, quant: KvQuant, rows: Value) -> Result<(Value, V
 }
 
 /// `pool` (`[numBlocks, blockSize, ...]`) with the token rows `updates [N, ...]` written at
-/// `slotMapping`, over the pool viewed as `[numBlocks * blockSize, ...]`.
-///
-/// Several tokens: one scatter, which drops the padding slot -1. One token (a batch-1 decode
-/// step): one `dynamic_update_slice` at its slot instead. XLA rewrites a one-index scatter into
-/// a dynamic-update-slice anyway, but to keep the scatter's drop of an out-of-bounds index it
-/// also reads the old row and selects between the two: two more kernels per pool per layer
-/// (measured on the H200, docs/benchmarks.md). A dynamic-update-slice clamps its index instead,
-/// so slot -1 lands on slot 0, which is in the scratch page (block 0): a dead token still
-/// writes nothing that any sequence reads, as the padding contract requires.
+/// `slotMapping`, by one scatter over the pool viewed as `[numBlocks * blockSize, ...]`.
 fn scatter_slots(
     g: &mut Graph,
     pool: Value,
@@ -1021,22 +955,14 @@ fn scatter_slots(
 ) -> Result<Value, HloError> {
     let mut flat_dims = vec![pool_dims[0] * pool_dims[1]];
     flat_dims.extend_from_slice(&pool_dims[2..]);
-    let flat = g.f.reshape(pool, flat_dims.clone())?;
-    let flat = if g.dims(updates)?[0] == 1 {
-        let slot = g.f.reshape(inputs.slot_mapping, Vec::<usize>::new())?;
-        let zero = g.f.scalar(Scalar::I32(0));
-        let mut starts = vec![slot];
-        starts.resize(flat_dims.len(), zero);
-        g.f.dynamic_update_slice(flat, updates, &starts)?
-    } else {
-        let window: Vec<usize> = (1..flat_dims.len()).collect();
-        g.f.scatter(
-            flat,
-            inputs.slot_mapping,
-            updates,
-            &ScatterSpec::leading_dim(window, ScatterUpdate::Replace),
-        )?
-    };
+    let window: Vec<usize> = (1..flat_dims.len()).collect();
+    let flat = g.f.reshape(pool, flat_dims)?;
+    let flat = g.f.scatter(
+        flat,
+        inputs.slot_mapping,
+        updates,
+        &ScatterSpec::leading_dim(window, ScatterUpdate::Replace),
+    )?;
     g.f.reshape(flat, pool_dims.to_vec())
 }
 
