@@ -112,6 +112,7 @@ def test_unimplemented_sampling_parameters_are_refused_by_name(llm, goldens, par
         (dict(dtype="bfloat16"), "dtype"),
         (dict(block_size=32), "block_size"),
         (dict(max_model_len=4096), "max_model_len"),
+        (dict(max_num_seqs=3), "max_num_seqs"),
         (dict(num_gpu_blocks_override=7), "num_gpu_blocks_override"),
         (dict(tensor_parallel_size=3), "tensor_parallel_size"),
         (dict(enable_lora=True), "LoRA"),

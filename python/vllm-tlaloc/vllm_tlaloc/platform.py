@@ -53,6 +53,26 @@ def artifact_of(model_path: str) -> Path:
     )
 
 
+def _default_max_num_seqs(parallel, scheduler) -> set:
+    """The values vLLM gives `max_num_seqs` when none is asked for, on this machine: its table
+    by usage context, doubled in throughput mode, capped by `max_num_batched_tokens`
+    (`EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`). vLLM does not record
+    whether the value was asked for, so an asked-for value equal to a default counts as one."""
+    from vllm.config import SchedulerConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    world = (getattr(parallel, "pipeline_parallel_size", 1) or 1) * (
+        getattr(parallel, "tensor_parallel_size", 1) or 1
+    )
+    _, by_context = EngineArgs.get_batch_defaults(world)
+    values = set(by_context.values()) | {SchedulerConfig.DEFAULT_MAX_NUM_SEQS}
+    values |= {2 * v for v in values}
+    cap = getattr(scheduler, "max_num_batched_tokens", None)
+    if cap:
+        values |= {min(v, cap) for v in values}
+    return values
+
+
 def _refuse(what: str, asked, accepted) -> None:
     raise ValueError(
         f"tlaloc: {what} {asked!r} refused; this artifact accepts {accepted}"
@@ -184,8 +204,16 @@ class TlalocPlatform(Platform):
 
         scheduler = vllm_config.scheduler_config
         if scheduler.max_num_seqs > info.max_batch:
+            # vLLM fills in its own default when none was asked for; only that is lowered.
+            if scheduler.max_num_seqs not in _default_max_num_seqs(parallel, scheduler):
+                _refuse(
+                    "max_num_seqs",
+                    scheduler.max_num_seqs,
+                    f"at most {info.max_batch} (its largest decode batch)",
+                )
             logger.info(
-                "tlaloc: max_num_seqs %d lowered to the artifact's largest decode batch %d",
+                "tlaloc: vLLM's default max_num_seqs %d lowered to the artifact's largest "
+                "decode batch %d",
                 scheduler.max_num_seqs,
                 info.max_batch,
             )
