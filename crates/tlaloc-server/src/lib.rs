@@ -25,6 +25,7 @@ pub mod routes;
 pub mod state;
 pub mod structured;
 pub mod text;
+pub mod tools;
 pub mod validate;
 
 use std::future::Future;

@@ -154,7 +154,7 @@ async fn every_invalid_field_is_refused_with_400_naming_it() {
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "tool", "content": "x"}]}),
-            "messages[0].role",
+            "messages[0].tool_call_id",
         ),
         (
             "/v1/chat/completions",
@@ -180,6 +180,45 @@ async fn every_invalid_field_is_refused_with_400_naming_it() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "tools": []}),
             "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "retrieval"}], "tool_choice": "none"}),
+            "tools[0].type",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "none"}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice.function.name",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}],
+                "tool_choice": "required"}),
+            "tools[0].function.parameters",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "f", "arguments": "[1]"}}]}]}),
+            "messages[1].tool_calls[0].function.arguments",
         ),
         ("/detokenize", json!({"tokens": [1, 4000000]}), "tokens[1]"),
     ];
