@@ -84,7 +84,7 @@ def test_required_gives_a_valid_call_on_every_prompt(smol):
 
 def test_required_with_parallel_calls_gives_valid_calls(smol):
     choice = ask(smol_client(smol), PROMPTS[0], tools=TOOLS, tool_choice="required",
-                 max_tokens=90).choices[0]
+                 max_tokens=80).choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert len(choice.message.tool_calls) >= 1
     for call in choice.message.tool_calls:
@@ -166,8 +166,8 @@ def test_a_call_round_trips_through_a_second_turn(smol):
 def test_none_leaves_the_reply_free(smol):
     # SmolLM2's template ignores `tools`, so `none` must give exactly the reply without tools.
     client = smol_client(smol)
-    with_tools = ask(client, PROMPTS[0], tools=TOOLS, tool_choice="none").choices[0]
-    without = ask(client, PROMPTS[0]).choices[0]
+    with_tools = ask(client, PROMPTS[0], tools=TOOLS, tool_choice="none", max_tokens=24).choices[0]
+    without = ask(client, PROMPTS[0], max_tokens=24).choices[0]
     assert with_tools.message.tool_calls is None
     assert with_tools.message.content == without.message.content
     assert with_tools.finish_reason == without.finish_reason
