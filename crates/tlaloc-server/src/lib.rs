@@ -21,6 +21,7 @@ pub mod openapi;
 pub mod render;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod routes;
 pub mod state;
 pub mod structured;

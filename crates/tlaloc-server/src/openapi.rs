@@ -20,6 +20,7 @@ use crate::routes;
     paths(
         routes::completions,
         routes::chat_completions,
+        routes::responses,
         routes::models,
         routes::tokenize,
         routes::detokenize,
