@@ -111,77 +111,7 @@ impl ResponsesRequest {
             }
             Some(Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
-                    let field = format!("input[{i}]");
-                    let kind = item
-                        .get("type")
-                        .and_then(Value::as_str)
-                        .unwrap_or("message");
-                    match kind {
-                        "message" => {
-                            let content = match item.get("content") {
-                                Some(Value::Array(parts)) => {
-                                    let mut text = String::new();
-                                    for (j, p) in parts.iter().enumerate() {
-                                        let t = p.get("type").and_then(Value::as_str);
-                                        match (t, p.get("text").and_then(Value::as_str)) {
-                                            (Some("input_text" | "output_text"), Some(s)) => {
-                                                text.push_str(s)
-                                            }
-                                            _ => {
-                                                return Err(ApiError::invalid(
-                                                    format!("{field}.content[{j}]"),
-                                                    "content part refused: only `input_text` and `output_text` parts with `text` are served",
-                                                ));
-                                            }
-                                        }
-                                    }
-                                    Value::String(text)
-                                }
-                                Some(other) => other.clone(),
-                                None => Value::Null,
-                            };
-                            let role = item.get("role").cloned().unwrap_or(Value::Null);
-                            messages.push(json!({"role": role, "content": content}));
-                            origins.push(field);
-                        }
-                        "function_call" => {
-                            let call = json!({
-                                "id": item.get("call_id"),
-                                "type": "function",
-                                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-                            });
-                            // Calls in a row are one assistant turn.
-                            let last = messages.last_mut().filter(|m: &&mut Value| {
-                                m["role"] == "assistant" && m.get("tool_calls").is_some()
-                            });
-                            match last {
-                                Some(m) => {
-                                    m["tool_calls"].as_array_mut().expect("a list").push(call)
-                                }
-                                None => {
-                                    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
-                                    origins.push(field);
-                                }
-                            }
-                        }
-                        "function_call_output" => {
-                            let output = match item.get("output") {
-                                Some(Value::String(s)) => Value::String(s.clone()),
-                                Some(other) => Value::String(other.to_string()),
-                                None => Value::Null,
-                            };
-                            messages.push(json!({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}));
-                            origins.push(field);
-                        }
-                        other => {
-                            return Err(ApiError::invalid(
-                                format!("{field}.type"),
-                                format!(
-                                    "input item type `{other}` refused: `message`, `function_call` or `function_call_output`"
-                                ),
-                            ));
-                        }
-                    }
+                    push_item(&mut messages, &mut origins, format!("input[{i}]"), item)?;
                 }
             }
             Some(_) => {
@@ -245,6 +175,86 @@ impl ResponsesRequest {
             })?;
         Ok((chat, origins))
     }
+}
+
+/// Appends the chat message an input item amounts to (calls in a row become one assistant
+/// turn), with its Responses path.
+fn push_item(
+    messages: &mut Vec<Value>,
+    origins: &mut Origins,
+    field: String,
+    item: &Value,
+) -> Result<(), ApiError> {
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    match kind {
+        "message" => {
+            let content = match item.get("content") {
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        let t = p.get("type").and_then(Value::as_str);
+                        match (t, p.get("text").and_then(Value::as_str)) {
+                            (Some("input_text" | "output_text"), Some(s)) => text.push_str(s),
+                            _ => {
+                                return Err(ApiError::invalid(
+                                    format!("{field}.content[{j}]"),
+                                    "content part refused: only `input_text` and `output_text` parts with `text` are served",
+                                ));
+                            }
+                        }
+                    }
+                    Value::String(text)
+                }
+                Some(other) => other.clone(),
+                None => Value::Null,
+            };
+            let role = item.get("role").cloned().unwrap_or(Value::Null);
+            messages.push(json!({"role": role, "content": content}));
+            origins.push(field);
+        }
+        "function_call" => {
+            let call = json!({
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            });
+            // Calls in a row are one assistant turn.
+            let last = messages
+                .last_mut()
+                .filter(|m: &&mut Value| m["role"] == "assistant" && m.get("tool_calls").is_some());
+            match last {
+                Some(m) => m["tool_calls"].as_array_mut().expect("a list").push(call),
+                None => {
+                    messages
+                        .push(json!({"role": "assistant", "content": null, "tool_calls": [call]}));
+                    origins.push(field);
+                }
+            }
+        }
+        "function_call_output" => {
+            let output = match item.get("output") {
+                Some(Value::String(s)) => Value::String(s.clone()),
+                Some(other) => Value::String(other.to_string()),
+                None => Value::Null,
+            };
+            messages.push(
+                json!({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}),
+            );
+            origins.push(field);
+        }
+        other => {
+            return Err(ApiError::invalid(
+                format!("{field}.type"),
+                format!(
+                    "input item type `{other}` refused: `message`, `function_call` or `function_call_output`"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A chat field's name as the Responses request spells it.
