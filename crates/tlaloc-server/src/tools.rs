@@ -121,8 +121,9 @@ pub enum ToolCallParser {
     /// `<|python_tag|>`), calls separated by `;`.
     Llama3Json,
     /// Mistral: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": ...}`, or (v11
-    /// tokenizers) `[TOOL_CALLS]name[ARGS]{...}` per call. `[TOOL_CALLS]` is a control token
-    /// that decoding drops, so a reply that starts with the array is read as calls too.
+    /// tokenizers) `[TOOL_CALLS]name[ARGS]{...}` per call. Both markers are control tokens
+    /// that decoding drops, so a reply that is the bare array, or one bare `name{...}`, is read
+    /// as calls too.
     Mistral,
 }
 
@@ -258,7 +259,12 @@ impl ToolCallParser {
                 }
             }
             Self::Mistral => {
-                if start.is_empty() || start.starts_with('[') {
+                // A bare `name{...}` call may be forming while the reply is a name so far.
+                let name_end = start
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                    .unwrap_or(start.len());
+                let after_name = &start[name_end..];
+                if start.starts_with('[') || after_name.is_empty() || after_name.starts_with('{') {
                     0
                 } else {
                     marker_or_its_start(text, MISTRAL_MARKER)
@@ -324,7 +330,7 @@ fn parse_mistral(text: &str) -> Option<ParsedReply> {
     let (content, body) = match text.find(MISTRAL_MARKER) {
         Some(at) => (nonempty(&text[..at]), &text[at + MISTRAL_MARKER.len()..]),
         None if text.trim_start().starts_with('[') => (None, text),
-        None => return None,
+        None => return parse_mistral_unmarked_v11(text),
     };
     let body = body.trim_start();
     let calls = if body.starts_with('[') {
@@ -353,6 +359,26 @@ fn parse_mistral(text: &str) -> Option<ParsedReply> {
             .collect::<Option<Vec<_>>>()?
     };
     (!calls.is_empty()).then_some(ParsedReply { content, calls })
+}
+
+/// A v11 call whose control tokens decoding dropped: `name{...}` and nothing else, the name
+/// a function name.
+fn parse_mistral_unmarked_v11(text: &str) -> Option<ParsedReply> {
+    let text = text.trim();
+    let brace = text.find('{')?;
+    let name = &text[..brace];
+    let valid_name = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let arguments: Value = serde_json::from_str(&text[brace..]).ok()?;
+    (valid_name && arguments.is_object()).then(|| ParsedReply {
+        content: None,
+        calls: vec![ParsedCall {
+            name: name.to_owned(),
+            arguments: arguments.to_string(),
+        }],
+    })
 }
 
 /// What a validated chat request asks of its reply.
@@ -721,7 +747,19 @@ mod tests {
         assert_eq!(ToolCallParser::Mistral.parse(&v3[12..]).calls, parsed.calls);
         let v11 = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[ARGS]{}";
         assert_eq!(ToolCallParser::Mistral.parse(v11).calls, parsed.calls);
-        for text in ["Bonjour.", "[TOOL_CALLS] [{\"name\": \"f\"", "[1, 2]"] {
+        // v11 with its control tokens dropped by decoding: one `name{...}` call.
+        assert_eq!(
+            ToolCallParser::Mistral
+                .parse("get_weather{\"city\": \"Paris\"}")
+                .calls,
+            vec![call("get_weather", json!({"city": "Paris"}))]
+        );
+        for text in [
+            "Bonjour.",
+            "[TOOL_CALLS] [{\"name\": \"f\"",
+            "[1, 2]",
+            "Use {\"a\": 1}",
+        ] {
             assert_eq!(ToolCallParser::Mistral.parse(text), ParsedReply::text(text));
         }
     }
@@ -925,6 +963,8 @@ mod tests {
         assert_eq!(p.held_from("Sure <tool_call>{"), 5);
         assert_eq!(ToolCallParser::Llama3Json.held_from("  {\"na"), 0);
         assert_eq!(ToolCallParser::Llama3Json.held_from("Hello"), 5);
+        assert_eq!(ToolCallParser::Mistral.held_from("get_weather{\"ci"), 0);
+        assert_eq!(ToolCallParser::Mistral.held_from("Hello there [TOOL"), 12);
         let mut ids = 0;
         let mut next = || {
             ids += 1;
