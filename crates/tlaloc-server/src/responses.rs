@@ -18,14 +18,14 @@ use axum::Json;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use crate::error::ApiError;
 use crate::generate::Generation;
 use crate::request::ChatRequest;
-use crate::response::FinishReason;
+use crate::response::{AssistantRole, FinishReason};
 use crate::state::SharedState;
 use crate::tools::{self, ToolStream};
 use crate::validate::ValidatedGeneration;
@@ -77,6 +77,170 @@ pub struct ResponsesRequest {
     pub metadata: Option<Value>,
     /// End-user id (accepted, not used).
     pub user: Option<String>,
+}
+
+/// The `status` of a response or of one of its output items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseStatus {
+    /// Being generated (the opening events).
+    InProgress,
+    /// Finished.
+    Completed,
+    /// Cut by `max_output_tokens`.
+    Incomplete,
+    /// Aborted.
+    Cancelled,
+}
+
+/// A piece of generated text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct OutputText {
+    /// `output_text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
+    /// Always empty.
+    #[schema(value_type = Vec<Object>)]
+    pub annotations: Vec<Value>,
+}
+
+fn output_text(text: &str) -> OutputText {
+    OutputText {
+        kind: "output_text".to_owned(),
+        text: text.to_owned(),
+        annotations: Vec::new(),
+    }
+}
+
+/// One item of a response's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputItem {
+    /// The assistant's text.
+    Message {
+        /// The item's id (`msg_...`).
+        id: String,
+        /// Its status.
+        status: ResponseStatus,
+        /// `assistant`.
+        role: AssistantRole,
+        /// Its text, in one part (none while it streams).
+        content: Vec<OutputText>,
+    },
+    /// A call of one of the request's tools.
+    FunctionCall {
+        /// The item's id (`fc_...`).
+        id: String,
+        /// Its status.
+        status: ResponseStatus,
+        /// The call's id; a `function_call_output` item answers it.
+        call_id: String,
+        /// The function.
+        name: String,
+        /// Its arguments: a JSON object, as a string.
+        arguments: String,
+    },
+}
+
+impl OutputItem {
+    fn id(&self) -> &str {
+        match self {
+            OutputItem::Message { id, .. } | OutputItem::FunctionCall { id, .. } => id,
+        }
+    }
+}
+
+/// Why a response is incomplete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct IncompleteDetails {
+    /// `max_output_tokens`.
+    pub reason: String,
+}
+
+/// Cached input tokens (none are reported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct InputTokensDetails {
+    /// Always 0.
+    pub cached_tokens: usize,
+}
+
+/// Reasoning tokens (none are generated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct OutputTokensDetails {
+    /// Always 0.
+    pub reasoning_tokens: usize,
+}
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ResponsesUsage {
+    /// Tokens of the rendered input.
+    pub input_tokens: usize,
+    /// Cached input tokens.
+    pub input_tokens_details: InputTokensDetails,
+    /// Tokens generated.
+    pub output_tokens: usize,
+    /// Reasoning tokens.
+    pub output_tokens_details: OutputTokensDetails,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+/// The answer of `POST /v1/responses` (also the `response` of its `response.created`,
+/// `response.in_progress` and last events).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ResponseObject {
+    /// The response id (`resp_...`).
+    pub id: String,
+    /// `response`.
+    pub object: String,
+    /// Unix seconds when the request was accepted.
+    pub created_at: u64,
+    /// Where it stands.
+    pub status: ResponseStatus,
+    /// Always `null` (a failure is an error answer or an `error` event).
+    #[schema(required = true, value_type = Object)]
+    pub error: Option<Value>,
+    /// Set when `status` is `incomplete`.
+    #[schema(required = true)]
+    pub incomplete_details: Option<IncompleteDetails>,
+    /// The request's `instructions`.
+    #[schema(required = true)]
+    pub instructions: Option<String>,
+    /// The request's `max_output_tokens`.
+    #[schema(required = true)]
+    pub max_output_tokens: Option<i64>,
+    /// The served model name.
+    pub model: String,
+    /// The output items, in order (empty in the opening events).
+    pub output: Vec<OutputItem>,
+    /// The request's `parallel_tool_calls`.
+    pub parallel_tool_calls: bool,
+    /// The sampling temperature.
+    pub temperature: f32,
+    /// The nucleus mass.
+    pub top_p: f32,
+    /// The request's `tool_choice`.
+    #[schema(value_type = Object)]
+    pub tool_choice: Value,
+    /// The request's `tools`.
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    /// Always false: nothing is stored.
+    pub store: bool,
+    /// `{"format": {"type": "text"}}`.
+    #[schema(value_type = Object)]
+    pub text: Value,
+    /// `disabled`.
+    pub truncation: String,
+    /// The request's `metadata`.
+    #[schema(value_type = Object)]
+    pub metadata: Value,
+    /// Token counts (`null` in the opening events).
+    #[schema(required = true)]
+    pub usage: Option<ResponsesUsage>,
 }
 
 /// Where a chat message of the translated request came from, for renaming refusals.
@@ -329,7 +493,7 @@ pub async fn respond(state: SharedState, req: ResponsesRequest) -> Result<Respon
         }
     }
     run.read_whole();
-    Ok(Json(run.body("completed")).into_response())
+    Ok(Json(run.body(false)).into_response())
 }
 
 /// The request fields a response repeats.
@@ -358,7 +522,7 @@ struct Run {
     text: String,
     finish: Option<FinishReason>,
     /// Output items, finished.
-    output: Vec<Value>,
+    output: Vec<OutputItem>,
     /// The message item being streamed: its output index and text so far.
     open_message: Option<(usize, String)>,
     /// Function-call items being streamed: output index, call id, name, arguments so far.
@@ -399,14 +563,25 @@ impl Run {
         &self.generation.id
     }
 
-    fn message_item(&self, text: &str, status: &str) -> Value {
-        json!({
-            "id": format!("msg_{}", &self.id()[5..]),
-            "type": "message",
-            "status": status,
-            "role": "assistant",
-            "content": if status == "in_progress" { json!([]) } else { json!([output_text(text)]) },
-        })
+    fn message_id(&self) -> String {
+        format!("msg_{}", &self.id()[5..])
+    }
+
+    fn call_item_id(&self, index: usize) -> String {
+        format!("fc_{}{index}", &self.id()[5..])
+    }
+
+    fn message_item(&self, text: &str, status: ResponseStatus) -> OutputItem {
+        OutputItem::Message {
+            id: self.message_id(),
+            status,
+            role: AssistantRole::Assistant,
+            content: if status == ResponseStatus::InProgress {
+                Vec::new()
+            } else {
+                vec![output_text(text)]
+            },
+        }
     }
 
     fn call_item(
@@ -415,16 +590,15 @@ impl Run {
         call_id: &str,
         name: &str,
         arguments: &str,
-        status: &str,
-    ) -> Value {
-        json!({
-            "id": format!("fc_{}{index}", &self.id()[5..]),
-            "type": "function_call",
-            "status": status,
-            "call_id": call_id,
-            "name": name,
-            "arguments": arguments,
-        })
+        status: ResponseStatus,
+    ) -> OutputItem {
+        OutputItem::FunctionCall {
+            id: self.call_item_id(index),
+            status,
+            call_id: call_id.to_owned(),
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+        }
     }
 
     /// The whole reply read into output items.
@@ -439,7 +613,8 @@ impl Run {
             }
         };
         if let Some(text) = content.filter(|t| !t.is_empty() || calls.is_empty()) {
-            self.output.push(self.message_item(&text, "completed"));
+            self.output
+                .push(self.message_item(&text, ResponseStatus::Completed));
         }
         for (i, c) in calls.iter().enumerate() {
             let item = self.call_item(
@@ -447,64 +622,65 @@ impl Run {
                 &c.id,
                 &c.function.name,
                 &c.function.arguments,
-                "completed",
+                ResponseStatus::Completed,
             );
             self.output.push(item);
         }
     }
 
-    fn status(&self) -> &'static str {
+    fn status(&self) -> ResponseStatus {
         match self.finish {
-            Some(FinishReason::Length) => "incomplete",
-            Some(FinishReason::Abort) => "cancelled",
-            _ => "completed",
+            Some(FinishReason::Length) => ResponseStatus::Incomplete,
+            Some(FinishReason::Abort) => ResponseStatus::Cancelled,
+            _ => ResponseStatus::Completed,
         }
     }
 
-    /// The response object; `status` is `in_progress` in the opening events.
-    fn body(&self, status: &str) -> Value {
-        let status = if status == "in_progress" {
-            status
+    /// The response object: in progress (the opening events), or as it ended.
+    fn body(&self, in_progress: bool) -> ResponseObject {
+        let status = if in_progress {
+            ResponseStatus::InProgress
         } else {
             self.status()
         };
         let prompt = self.generation.prompt_tokens;
         let completion = self.generation.completion_tokens();
-        let usage = (status != "in_progress").then(|| {
-            json!({
-                "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": completion,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": prompt + completion,
-            })
-        });
-        json!({
-            "id": self.id(),
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "error": null,
-            "incomplete_details": if status == "incomplete" {
-                json!({"reason": "max_output_tokens"})
+        ResponseObject {
+            id: self.id().to_owned(),
+            object: "response".to_owned(),
+            created_at: self.created_at,
+            status,
+            error: None,
+            incomplete_details: (status == ResponseStatus::Incomplete).then(|| IncompleteDetails {
+                reason: "max_output_tokens".to_owned(),
+            }),
+            instructions: self.echo.instructions.clone(),
+            max_output_tokens: self.echo.max_output_tokens,
+            model: self.state.config.served_model_name.clone(),
+            output: if in_progress {
+                Vec::new()
             } else {
-                Value::Null
+                self.output.clone()
             },
-            "instructions": self.echo.instructions,
-            "max_output_tokens": self.echo.max_output_tokens,
-            "model": self.state.config.served_model_name,
-            "output": if status == "in_progress" { json!([]) } else { json!(self.output) },
-            "parallel_tool_calls": self.echo.parallel_tool_calls,
-            "temperature": self.echo.temperature.unwrap_or(1.0),
-            "top_p": self.echo.top_p.unwrap_or(1.0),
-            "tool_choice": self.echo.tool_choice,
-            "tools": self.echo.tools,
-            "store": false,
-            "text": {"format": {"type": "text"}},
-            "truncation": "disabled",
-            "metadata": self.echo.metadata,
-            "usage": usage,
-        })
+            parallel_tool_calls: self.echo.parallel_tool_calls,
+            temperature: self.echo.temperature.unwrap_or(1.0),
+            top_p: self.echo.top_p.unwrap_or(1.0),
+            tool_choice: self.echo.tool_choice.clone(),
+            tools: self.echo.tools.clone(),
+            store: false,
+            text: json!({"format": {"type": "text"}}),
+            truncation: "disabled".to_owned(),
+            metadata: self.echo.metadata.clone(),
+            usage: (!in_progress).then_some(ResponsesUsage {
+                input_tokens: prompt,
+                input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+                output_tokens: completion,
+                output_tokens_details: OutputTokensDetails {
+                    reasoning_tokens: 0,
+                },
+                total_tokens: prompt + completion,
+            }),
+        }
     }
 
     fn push(&mut self, kind: &str, mut body: Value) {
@@ -521,8 +697,8 @@ impl Run {
             return *index;
         }
         let index = self.output.len() + self.open_calls.len();
-        let item = self.message_item("", "in_progress");
-        let item_id = item["id"].clone();
+        let item = self.message_item("", ResponseStatus::InProgress);
+        let item_id = item.id().to_owned();
         self.push(
             "response.output_item.added",
             json!({"output_index": index, "item": item}),
@@ -541,7 +717,7 @@ impl Run {
             return;
         }
         let index = self.open_message_item();
-        let item_id = format!("msg_{}", &self.id()[5..]);
+        let item_id = self.message_id();
         self.push(
             "response.output_text.delta",
             json!({"item_id": item_id, "output_index": index, "content_index": 0,
@@ -556,8 +732,8 @@ impl Run {
         let Some((index, text)) = self.open_message.take() else {
             return;
         };
-        let item = self.message_item(&text, "completed");
-        let item_id = item["id"].clone();
+        let item = self.message_item(&text, ResponseStatus::Completed);
+        let item_id = item.id().to_owned();
         self.push(
             "response.output_text.done",
             json!({"item_id": item_id, "output_index": index, "content_index": 0,
@@ -581,7 +757,7 @@ impl Run {
                 self.close_message();
                 let index = self.output.len() + self.open_calls.len();
                 let name = d.function.name.clone().unwrap_or_default();
-                let item = self.call_item(d.index, &call_id, &name, "", "in_progress");
+                let item = self.call_item(d.index, &call_id, &name, "", ResponseStatus::InProgress);
                 self.push(
                     "response.output_item.added",
                     json!({"output_index": index, "item": item}),
@@ -593,7 +769,7 @@ impl Run {
                     continue;
                 };
                 let (index, ..) = self.open_calls[position];
-                let item_id = format!("fc_{}{}", &self.id()[5..], d.index);
+                let item_id = self.call_item_id(d.index);
                 self.push(
                     "response.function_call_arguments.delta",
                     json!({"item_id": item_id, "output_index": index, "delta": d.function.arguments}),
@@ -607,10 +783,16 @@ impl Run {
         for (call_index, (index, call_id, name, arguments)) in
             std::mem::take(&mut self.open_calls).into_iter().enumerate()
         {
-            let item = self.call_item(call_index, &call_id, &name, &arguments, "completed");
+            let item = self.call_item(
+                call_index,
+                &call_id,
+                &name,
+                &arguments,
+                ResponseStatus::Completed,
+            );
             self.push(
                 "response.function_call_arguments.done",
-                json!({"item_id": item["id"], "output_index": index, "arguments": arguments}),
+                json!({"item_id": item.id(), "output_index": index, "arguments": arguments}),
             );
             self.push(
                 "response.output_item.done",
@@ -630,7 +812,7 @@ impl Run {
             }
             if !self.started {
                 self.started = true;
-                let body = self.body("in_progress");
+                let body = self.body(true);
                 self.push("response.created", json!({"response": body}));
                 self.push("response.in_progress", json!({"response": body}));
                 continue;
@@ -668,8 +850,8 @@ impl Run {
                     self.done = true;
                     self.close_message();
                     self.close_calls();
-                    let body = self.body("completed");
-                    let kind = if self.status() == "incomplete" {
+                    let body = self.body(false);
+                    let kind = if self.status() == ResponseStatus::Incomplete {
                         "response.incomplete"
                     } else {
                         "response.completed"
@@ -679,10 +861,6 @@ impl Run {
             }
         }
     }
-}
-
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": []})
 }
 
 #[cfg(test)]

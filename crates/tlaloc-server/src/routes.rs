@@ -25,7 +25,7 @@ use crate::response::{
     DetokenizeResponse, ListObject, ModelCard, ModelList, ModelObject, ReadyResponse,
     TokenizeResponse,
 };
-use crate::responses::ResponsesRequest;
+use crate::responses::{ResponseObject, ResponsesRequest};
 use crate::state::SharedState;
 use crate::validate::ValidatedGeneration;
 
@@ -334,7 +334,7 @@ async fn chat_completions(
     request_body = ResponsesRequest,
     responses(
         (status = 200, description = "The response, or its events when streaming", content(
-            (Object = "application/json"),
+            (ResponseObject = "application/json"),
             (Object = "text/event-stream"),
         )),
         GenerationErrors,
