@@ -404,11 +404,16 @@ pub enum ToolReply {
 }
 
 /// The JSON schema the reply of `required` follows: a call of one of `tools`, or an array of
-/// at least one when `parallel`.
+/// at least one when `parallel`. Each tool's parameters move under the call's `arguments`, so
+/// their local definitions (`$defs`, `definitions`, as pydantic writes them) move to the new
+/// root, renamed per tool, and their `$ref`s with them.
 pub fn required_schema(tools: &[(String, Value)], parallel: bool) -> Value {
+    let mut defs = serde_json::Map::new();
     let calls: Vec<Value> = tools
         .iter()
-        .map(|(name, parameters)| {
+        .enumerate()
+        .map(|(i, (name, parameters))| {
+            let parameters = hoist_definitions(i, parameters, &mut defs);
             json!({
                 "type": "object",
                 "properties": {"name": {"const": name}, "arguments": parameters},
@@ -422,10 +427,70 @@ pub fn required_schema(tools: &[(String, Value)], parallel: bool) -> Value {
     } else {
         json!({"anyOf": calls})
     };
-    if parallel {
+    let mut schema = if parallel {
         json!({"type": "array", "items": call, "minItems": 1})
     } else {
         call
+    };
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    schema
+}
+
+/// Tool `i`'s parameters with their definitions moved into `defs` as `t{i}_{name}` and their
+/// local references rewritten to match (a reference to the parameters' own root becomes one to
+/// `t{i}_root`, kept in `defs`).
+fn hoist_definitions(
+    i: usize,
+    parameters: &Value,
+    defs: &mut serde_json::Map<String, Value>,
+) -> Value {
+    let mut parameters = parameters.clone();
+    let mut own = Vec::new();
+    if let Some(object) = parameters.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(d)) = object.remove(key) {
+                own.extend(d);
+            }
+        }
+    }
+    let mut refers_to_root = false;
+    rewrite_refs(i, &mut parameters, &mut refers_to_root);
+    for (name, mut def) in own {
+        rewrite_refs(i, &mut def, &mut refers_to_root);
+        defs.insert(format!("t{i}_{name}"), def);
+    }
+    if refers_to_root {
+        defs.insert(format!("t{i}_root"), parameters.clone());
+    }
+    parameters
+}
+
+fn rewrite_refs(i: usize, value: &mut Value, refers_to_root: &mut bool) {
+    match value {
+        Value::Object(object) => {
+            if let Some(Value::String(target)) = object.get_mut("$ref") {
+                let local = target
+                    .strip_prefix("#/$defs/")
+                    .or_else(|| target.strip_prefix("#/definitions/"));
+                if let Some(rest) = local {
+                    *target = format!("#/$defs/t{i}_{rest}");
+                } else if target == "#" {
+                    *target = format!("#/$defs/t{i}_root");
+                    *refers_to_root = true;
+                }
+            }
+            for (_, v) in object.iter_mut() {
+                rewrite_refs(i, v, refers_to_root);
+            }
+        }
+        Value::Array(items) => {
+            for v in items {
+                rewrite_refs(i, v, refers_to_root);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -1002,6 +1067,42 @@ mod tests {
         let r = read_reply(&reply, cut, || "x".into());
         assert_eq!(r.content.as_deref(), Some(cut));
         assert!(r.calls.is_empty());
+    }
+
+    /// A tool whose parameters use local definitions (as pydantic's `model_json_schema()`
+    /// writes them) still compiles under `required`, where its parameters are no longer the
+    /// root, and the grammar accepts a call that uses the definition.
+    #[test]
+    fn required_keeps_each_tools_definitions_reachable() {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/fixtures/tiny-llama-tied/tokenizer.json");
+        let tokenizer = tokenizers::Tokenizer::from_file(&path).unwrap();
+        let grammars = crate::structured::Grammars::new(path);
+        let vocab = tokenizer.get_vocab_size(true);
+        let eos = tokenizer.token_to_id("<|im_end|>").unwrap();
+        let place = json!({"type": "object", "properties": {
+                "where": {"$ref": "#/$defs/City"}},
+            "required": ["where"], "additionalProperties": false,
+            "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}},
+                "required": ["name"], "additionalProperties": false}}});
+        let other = json!({"type": "object", "properties": {"n": {"$ref": "#/definitions/City"}},
+            "definitions": {"City": {"type": "integer"}}});
+        let tools = vec![("visit".to_owned(), place), ("count".to_owned(), other)];
+        let schema = required_schema(&tools, false);
+        let spec = ("tools".to_owned(), format!("json:{schema}"));
+        let compiled = grammars.compile(&spec, vocab, &[eos]).unwrap();
+        let constraint = compiled.constraint();
+        let mut c = constraint.lock();
+        let reply = r#"{"name":"visit","arguments":{"where":{"name":"Oslo"}}}"#;
+        for t in tokenizer.encode(reply, false).unwrap().get_ids() {
+            assert!(
+                c.next_mask().unwrap().allows(*t),
+                "{reply}: token {t} refused"
+            );
+            c.commit(*t).unwrap();
+        }
+        // The second tool's `City` is its own integer, not the first tool's object.
+        assert_eq!(schema["$defs"]["t1_City"], json!({"type": "integer"}));
     }
 
     #[test]
