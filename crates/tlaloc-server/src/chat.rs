@@ -20,13 +20,24 @@ pub enum ChatTemplateError {
     Render(String),
 }
 
-/// One message as the template sees it.
-#[derive(Debug, Clone, Serialize)]
+/// One message as the template sees it (as transformers' `apply_chat_template` passes it:
+/// keys a message does not have are absent, since templates test `'tool_calls' in message`).
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct TemplateMessage {
-    /// `system`, `user`, `assistant`.
+    /// `system`, `user`, `assistant`, `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// The sender's name, when sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant turn's calls: `{"id", "type", "function": {"name", "arguments"}}`, the
+    /// arguments as an object (templates print them with `tojson`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a tool message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// A compiled chat template and the special tokens it may use.
@@ -73,10 +84,13 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders `messages`, ending with the assistant's turn opener when `add_generation_prompt`.
+    /// Renders `messages`, ending with the assistant's turn opener when `add_generation_prompt`;
+    /// `tools` (`{"type": "function", "function": {...}}` each) is `none` to the template when
+    /// the request declares none, as in transformers.
     pub fn render(
         &self,
         messages: &[TemplateMessage],
+        tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
         let template = self
@@ -86,6 +100,7 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
@@ -197,10 +212,11 @@ mod tests {
         let m = |role: &str| TemplateMessage {
             role: role.into(),
             content: "x".into(),
+            ..Default::default()
         };
-        assert_eq!(template.render(&[m("user")], true).unwrap(), "ok");
+        assert_eq!(template.render(&[m("user")], None, true).unwrap(), "ok");
         let refused = template
-            .render(&[m("assistant")], true)
+            .render(&[m("assistant")], None, true)
             .unwrap_err()
             .to_string();
         assert!(refused.contains("must start with a user turn"), "{refused}");

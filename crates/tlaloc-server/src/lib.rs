@@ -1,5 +1,6 @@
 //! OpenAI-compatible HTTP server over the runtime engine: `/v1/completions`,
-//! `/v1/chat/completions` (with SSE streaming), `/v1/models`, `/tokenize`, `/detokenize`,
+//! `/v1/chat/completions` (with SSE streaming, structured outputs and tool calling),
+//! `/v1/responses` (stateless), `/v1/models`, `/tokenize`, `/detokenize`,
 //! `/health`, `/ready`, `/metrics`, and its own OpenAPI description at `/openapi.json`
 //! ([`openapi()`], committed as `docs/openapi.json`).
 //!
@@ -21,10 +22,12 @@ pub mod openapi;
 pub mod render;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod routes;
 pub mod state;
 pub mod structured;
 pub mod text;
+pub mod tools;
 pub mod validate;
 
 use std::future::Future;

@@ -12,14 +12,16 @@ use crate::routes;
 #[openapi(
     info(
         title = "Tlaloc",
-        description = "An OpenAI-compatible server for language models: completions and chat \
-            completions (with server-sent event streaming), the served model, tokenization, \
-            and the server's health, readiness and metrics.",
+        description = "An OpenAI-compatible server for language models: completions, chat \
+            completions (with server-sent event streaming, structured outputs and tool calling) \
+            and stateless responses, the served model, tokenization, and the server's health, \
+            readiness and metrics.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(
         routes::completions,
         routes::chat_completions,
+        routes::responses,
         routes::models,
         routes::tokenize,
         routes::detokenize,

@@ -21,9 +21,10 @@ use crate::response::{
     AssistantMessage, AssistantRole, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, ChatTopLogprob,
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs,
-    CompletionResponse, FinishReason, Usage, json_event,
+    CompletionResponse, FinishReason, ToolCall, ToolCallDelta, Usage, json_event,
 };
 use crate::state::{AppState, SharedState};
+use crate::tools::{self, ToolStream};
 use crate::validate::ValidatedGeneration;
 
 /// What every body of one response repeats.
@@ -48,6 +49,8 @@ pub struct FinishedChoice<L> {
     pub logprobs: Option<L>,
     /// Why it ended.
     pub finish_reason: FinishReason,
+    /// The tool calls its text was read as (chat only; then `text` is what was not calls).
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// One piece of one choice, as a chunk carries it.
@@ -61,6 +64,8 @@ pub struct ChoicePiece<L> {
     pub logprobs: Option<L>,
     /// Set on the choice's last piece.
     pub finish_reason: Option<FinishReason>,
+    /// Tool-call pieces (chat only).
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// A generation endpoint's bodies.
@@ -241,7 +246,8 @@ impl Endpoint for ChatCompletions {
                     index: c.index,
                     message: AssistantMessage {
                         role: AssistantRole::Assistant,
-                        content: c.text,
+                        content: (c.tool_calls.is_empty() || !c.text.is_empty()).then_some(c.text),
+                        tool_calls: c.tool_calls,
                     },
                     logprobs: c.logprobs,
                     finish_reason: c.finish_reason,
@@ -257,6 +263,7 @@ impl Endpoint for ChatCompletions {
             delta: ChatDelta {
                 role: None,
                 content: (!piece.text.is_empty()).then_some(piece.text),
+                tool_calls: (!piece.tool_calls.is_empty()).then_some(piece.tool_calls),
             },
             logprobs: piece.logprobs,
             finish_reason: piece.finish_reason,
@@ -278,6 +285,7 @@ impl Endpoint for ChatCompletions {
                     delta: ChatDelta {
                         role: Some(AssistantRole::Assistant),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -320,7 +328,7 @@ pub async fn respond<E: Endpoint>(
 ) -> Result<Response, ApiError> {
     let n = validated.n;
     if validated.stream {
-        let stream = sse_stream::<E>(state, generation, n, validated.include_usage);
+        let stream = sse_stream::<E>(state, generation, validated);
         return Ok(Sse::new(stream)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
             .into_response());
@@ -341,13 +349,24 @@ pub async fn respond<E: Endpoint>(
         .zip(logprobs)
         .zip(finishes)
         .enumerate()
-        .map(|(index, ((text, tokens), finish_reason))| FinishedChoice {
-            index,
-            text,
-            logprobs: generation
-                .wants_logprobs
-                .then(|| E::logprobs(&state, &tokens, 0)),
-            finish_reason,
+        .map(|(index, ((text, tokens), finish_reason))| {
+            let (text, tool_calls, finish_reason) = match &validated.tools {
+                None => (text, Vec::new(), finish_reason),
+                Some(reply) => {
+                    let reading = tools::read_reply(reply, &text, || call_id(&state));
+                    let finish = tool_finish(finish_reason, !reading.calls.is_empty());
+                    (reading.content.unwrap_or_default(), reading.calls, finish)
+                }
+            };
+            FinishedChoice {
+                index,
+                text,
+                logprobs: generation
+                    .wants_logprobs
+                    .then(|| E::logprobs(&state, &tokens, 0)),
+                finish_reason,
+                tool_calls,
+            }
         })
         .collect();
     let usage = Usage::new(generation.prompt_tokens, generation.completion_tokens());
@@ -355,10 +374,26 @@ pub async fn respond<E: Endpoint>(
     Ok(Json(body).into_response())
 }
 
+/// A new tool-call id.
+fn call_id(state: &AppState) -> String {
+    tools::next_call_id(state.started_at, state.config.tool_call_parser)
+}
+
+/// A choice that made calls ends `tool_calls` where it would have ended `stop`.
+fn tool_finish(reason: FinishReason, called: bool) -> FinishReason {
+    if called && reason == FinishReason::Stop {
+        FinishReason::ToolCalls
+    } else {
+        reason
+    }
+}
+
 struct Streamer<E> {
     state: SharedState,
     generation: Generation,
     include_usage: bool,
+    /// Each choice's tool-call reader, when the reply is read for calls.
+    tool_streams: Option<Vec<ToolStream>>,
     queue: VecDeque<Event>,
     text_offsets: Vec<usize>,
     done: bool,
@@ -366,11 +401,28 @@ struct Streamer<E> {
 }
 
 impl<E: Endpoint> Streamer<E> {
-    fn piece_chunk(&mut self, piece: Piece) -> Option<Event> {
-        if piece.text.is_empty() && piece.logprobs.is_empty() && piece.finish.is_none() {
+    fn piece_chunk(&mut self, mut piece: Piece) -> Option<Event> {
+        let i = piece.index;
+        let mut tool_calls = Vec::new();
+        if let Some(streams) = self.tool_streams.as_mut() {
+            let state = &self.state;
+            let mut read = streams[i].push(&piece.text, || call_id(state));
+            if let Some(reason) = piece.finish {
+                let (rest, called) = streams[i].finish(|| call_id(state));
+                read.content.push_str(&rest.content);
+                read.calls.extend(rest.calls);
+                piece.finish = Some(tool_finish(reason, called));
+            }
+            piece.text = read.content;
+            tool_calls = read.calls;
+        }
+        if piece.text.is_empty()
+            && piece.logprobs.is_empty()
+            && piece.finish.is_none()
+            && tool_calls.is_empty()
+        {
             return None;
         }
-        let i = piece.index;
         let logprobs = self
             .generation
             .wants_logprobs
@@ -383,6 +435,7 @@ impl<E: Endpoint> Streamer<E> {
                 text: piece.text,
                 logprobs,
                 finish_reason: piece.finish,
+                tool_calls,
             },
         );
         Some(json_event(&chunk))
@@ -427,14 +480,18 @@ impl<E: Endpoint> Streamer<E> {
 fn sse_stream<E: Endpoint>(
     state: SharedState,
     generation: Generation,
-    n: usize,
-    include_usage: bool,
+    validated: &ValidatedGeneration,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    let n = validated.n;
     let opening = E::opening_chunks(&head(&state, &generation), n);
     let streamer = Streamer::<E> {
         state,
         generation,
-        include_usage,
+        include_usage: validated.include_usage,
+        tool_streams: validated
+            .tools
+            .as_ref()
+            .map(|reply| (0..n).map(|_| ToolStream::new(reply.clone())).collect()),
         queue: opening.iter().map(json_event).collect(),
         text_offsets: vec![0; n],
         done: false,

@@ -183,12 +183,16 @@ pub struct ContentPart {
 /// One chat message.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (`developer` is read as `system`).
+    /// `system`, `user`, `assistant`, `tool` (`developer` is read as `system`).
     pub role: String,
-    /// The text; required of `system`, `developer` and `user` messages.
+    /// The text; required of `system`, `developer`, `user` and `tool` messages.
     pub content: Option<Content>,
-    /// Accepted and ignored (the templates here do not use it).
+    /// Passed to the template (some use it for a tool message's function).
     pub name: Option<String>,
+    /// An assistant turn's tool calls, passed back to the template.
+    pub tool_calls: Option<Vec<crate::tools::MessageToolCall>>,
+    /// The call a `tool` message answers (required of `tool` messages).
+    pub tool_call_id: Option<String>,
 }
 
 with_shared_fields!(request_struct {
@@ -205,6 +209,14 @@ with_shared_fields!(request_struct {
         top_logprobs: Option<i64>,
         /// End the rendered prompt with the assistant's turn opener (default true).
         add_generation_prompt: Option<bool>,
+        /// Functions the model may call; the chat template receives them.
+        tools: Option<Vec<crate::tools::Tool>>,
+        /// `none`, `auto` (the default with tools; needs `--tool-call-parser`), `required`, or
+        /// `{"type": "function", "function": {"name": ...}}`; `required` and a named function
+        /// are enforced with a grammar.
+        tool_choice: Option<crate::tools::ToolChoice>,
+        /// Allow more than one call in a reply (default true).
+        parallel_tool_calls: Option<bool>,
         /// The served model name; any other is refused, and so is `null`.
         #[serde(default, deserialize_with = "non_null")]
         #[schema(value_type = String)]

@@ -54,7 +54,7 @@ one_value_string!(
 
 /// Why a choice ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// A stop string, a stop token or an end-of-sequence token.
     Stop,
@@ -62,6 +62,8 @@ pub enum FinishReason {
     Length,
     /// The sequence was aborted.
     Abort,
+    /// The reply is tool calls.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -71,6 +73,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -218,13 +221,69 @@ pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
+one_value_string!(
+    /// The `type` of a tool call.
+    FunctionKind::Function = "function"
+);
+
+/// The function a tool call calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FunctionCall {
+    /// One of the request's tools.
+    pub name: String,
+    /// Its arguments: a JSON object, as a string.
+    pub arguments: String,
+}
+
+/// A tool call of a reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ToolCall {
+    /// The call's id; a `role: "tool"` message answers it with `tool_call_id`.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: FunctionKind,
+    /// The call.
+    pub function: FunctionCall,
+}
+
+/// What a streamed chunk adds to a function call: the name in the call's first delta, then
+/// pieces of the arguments text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FunctionCallDelta {
+    /// The function, in the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Text that follows the call's earlier argument pieces.
+    pub arguments: String,
+}
+
+/// What a streamed chunk adds to one tool call of a choice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ToolCallDelta {
+    /// The call's index among the choice's calls.
+    pub index: usize,
+    /// The call's id, in its first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in the call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FunctionKind>,
+    /// The function's name and arguments text.
+    pub function: FunctionCallDelta,
+}
+
 /// The generated message of a chat choice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct AssistantMessage {
     /// `assistant`.
     pub role: AssistantRole,
-    /// The generated text.
-    pub content: String,
+    /// The generated text; `null` when the reply is only tool calls.
+    #[schema(required = true)]
+    pub content: Option<String>,
+    /// The tool calls of the reply; left out when it made none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// One choice of a chat completion.
@@ -269,6 +328,9 @@ pub struct ChatDelta {
     /// Text that follows the choice's earlier pieces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice's piece in a streamed chat chunk.

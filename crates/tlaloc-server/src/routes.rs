@@ -25,6 +25,7 @@ use crate::response::{
     DetokenizeResponse, ListObject, ModelCard, ModelList, ModelObject, ReadyResponse,
     TokenizeResponse,
 };
+use crate::responses::{ResponseObject, ResponsesRequest};
 use crate::state::SharedState;
 use crate::validate::ValidatedGeneration;
 
@@ -34,6 +35,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(
@@ -162,7 +164,7 @@ async fn count_refusals(State(state): State<SharedState>, req: Request, next: Ne
 async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
-        "no such route; the server serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /ready, /metrics, /openapi.json",
+        "no such route; the server serves /v1/completions, /v1/chat/completions, /v1/responses, /v1/models, /tokenize, /detokenize, /health, /ready, /metrics, /openapi.json",
     )
 }
 
@@ -318,6 +320,30 @@ async fn chat_completions(
     let engine = state.ready_engine()?.clone();
     let validated = req.check(&state)?;
     generate::<ChatCompletions>(state, &engine, validated).await
+}
+
+/// Generates a response with the Responses API, statelessly (nothing is stored).
+///
+/// With `stream`, the answer is the Responses event stream: `response.created`,
+/// `response.in_progress`, then per output item `response.output_item.added`, its text deltas
+/// (`response.content_part.added`, `response.output_text.delta`, `response.output_text.done`,
+/// `response.content_part.done`) or its call's arguments
+/// (`response.function_call_arguments.delta`, `.done`), `response.output_item.done`, and last
+/// `response.completed` (or `response.incomplete` when `max_output_tokens` cut it).
+#[utoipa::path(post, path = "/v1/responses", tag = "openai", security((), ("api_key" = [])),
+    request_body = ResponsesRequest,
+    responses(
+        (status = 200, description = "The response, or its events when streaming", content(
+            (ResponseObject = "application/json"),
+            (Object = "text/event-stream"),
+        )),
+        GenerationErrors,
+    ))]
+async fn responses(
+    State(state): State<SharedState>,
+    ApiJson(req): ApiJson<ResponsesRequest>,
+) -> Result<Response, ApiError> {
+    crate::responses::respond(state, req).await
 }
 
 /// Starts a validated generation and answers in endpoint `E`'s shape.

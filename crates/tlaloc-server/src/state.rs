@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::structured::Grammars;
 use crate::text::{TextCodec, TextError};
+use crate::tools::ToolCallParser;
 
 /// How the server behaves.
 #[derive(Debug, Clone)]
@@ -36,6 +37,8 @@ pub struct ServerConfig {
     pub body_idle_timeout: Duration,
     /// The longest shutdown waits for requests in flight before closing their connections.
     pub shutdown_timeout: Duration,
+    /// The format tool calls are read in under `tool_choice` `auto` (`None` refuses `auto`).
+    pub tool_call_parser: Option<ToolCallParser>,
 }
 
 impl ServerConfig {
@@ -49,6 +52,7 @@ impl ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(30),
+            tool_call_parser: None,
         }
     }
 }

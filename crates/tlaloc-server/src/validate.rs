@@ -16,6 +16,7 @@ use crate::request::{
 };
 use crate::state::AppState;
 use crate::structured::{self, CompiledGrammar};
+use crate::tools::{self, Tool, ToolChoice, ToolReply};
 
 /// The most choices one request may ask for.
 pub const MAX_N: u32 = 16;
@@ -78,8 +79,11 @@ pub struct ValidatedGeneration {
     pub include_usage: bool,
     /// Where the engine's refusals of this request point.
     pub fields: RefusalFields,
-    /// The grammar its output follows (`response_format`, `structured_outputs`).
+    /// The grammar its output follows (`response_format`, `structured_outputs`, or the tools of
+    /// `tool_choice` `required` or named).
     pub grammar: Option<CompiledGrammar>,
+    /// How a chat reply is read into tool calls (`None`: it is all content).
+    pub tools: Option<ToolReply>,
 }
 
 /// A `/tokenize` request, checked and tokenized.
@@ -140,9 +144,16 @@ impl ChatRequest {
             }
             _ => None,
         };
+        let plan = tool_plan(
+            state,
+            self.tools.as_deref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+        )?;
         let text = render_messages(
             state,
             self.messages.as_deref(),
+            plan.template_tools.as_deref(),
             self.add_generation_prompt.unwrap_or(true),
         )?;
         let prompt_ids = state
@@ -160,7 +171,189 @@ impl ChatRequest {
         };
         let mut validated = common.check(max_tokens, logprobs, prompt_ids, fields)?;
         validated.grammar = grammar(state, &common)?;
+        if let Some(specs) = plan.grammar {
+            if validated.grammar.is_some() {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "`tool_choice` `required` or a named function refused together with \
+                     `response_format` or `structured_outputs`: the tool call is the reply's format",
+                ));
+            }
+            let shape = state.ready_engine()?.shape();
+            let mut compiled = None;
+            for spec in &specs {
+                compiled = Some(state.grammars.compile(
+                    spec,
+                    shape.vocab_size,
+                    &shape.eos_token_ids,
+                )?);
+            }
+            validated.grammar = compiled;
+        }
+        validated.tools = plan.reply;
         Ok(validated)
+    }
+}
+
+/// What a chat request's tool fields ask for.
+#[derive(Debug, Default)]
+struct ToolPlan {
+    /// `tools` as the template receives them.
+    template_tools: Option<Vec<serde_json::Value>>,
+    /// How the reply is read.
+    reply: Option<ToolReply>,
+    /// Grammars to compile, in order: each enforced tool's parameters alone (so that a schema
+    /// llguidance refuses is named by its tool), then the reply's; the last one constrains.
+    grammar: Option<Vec<(String, String)>>,
+}
+
+fn tool_plan(
+    state: &AppState,
+    tools: Option<&[Tool]>,
+    choice: Option<&ToolChoice>,
+    parallel: Option<bool>,
+) -> Result<ToolPlan, ApiError> {
+    let Some(tools) = tools else {
+        if choice.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "`tool_choice` refused without `tools`: declare the functions it may call in `tools`",
+            ));
+        }
+        return Ok(ToolPlan::default());
+    };
+    if tools.is_empty() {
+        return Err(ApiError::invalid(
+            "tools",
+            "an empty `tools` list refused: declare at least one function, or leave `tools` out",
+        ));
+    }
+    let mut declared: Vec<(String, serde_json::Value)> = Vec::with_capacity(tools.len());
+    let mut template_tools = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        if tool.kind != "function" {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                format!(
+                    "tool type `{}` refused: only `function` tools are served",
+                    tool.kind
+                ),
+            ));
+        }
+        let Some(function) = &tool.function else {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function"),
+                "a function tool without `function` refused: send its name and parameters",
+            ));
+        };
+        tools::check_function_name(&format!("tools[{i}].function.name"), &function.name)?;
+        if declared.iter().any(|(n, _)| *n == function.name) {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function.name"),
+                format!(
+                    "function `{}` refused: declared twice; each tool needs its own name",
+                    function.name
+                ),
+            ));
+        }
+        let parameters = match &function.parameters {
+            None => tools::no_parameters(),
+            Some(p) if p.is_object() => p.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].function.parameters"),
+                    "`parameters` refused: a JSON schema object",
+                ));
+            }
+        };
+        let mut function_json = serde_json::Map::new();
+        function_json.insert("name".into(), function.name.clone().into());
+        if let Some(d) = &function.description {
+            function_json.insert("description".into(), d.clone().into());
+        }
+        if let Some(p) = &function.parameters {
+            function_json.insert("parameters".into(), p.clone());
+        }
+        template_tools.push(serde_json::json!({"type": "function", "function": function_json}));
+        declared.push((function.name.clone(), parameters));
+    }
+    let parallel = parallel.unwrap_or(true);
+    let parameters_spec = |i: usize| {
+        (
+            format!("tools[{i}].function.parameters"),
+            format!("json:{}", declared[i].1),
+        )
+    };
+    let (reply, grammar) = match choice {
+        None => (auto_reply(state, parallel)?, None),
+        Some(ToolChoice::Mode(mode)) => match mode.as_str() {
+            "none" => (None, None),
+            "auto" => (auto_reply(state, parallel)?, None),
+            "required" => {
+                let mut specs: Vec<_> = (0..declared.len()).map(parameters_spec).collect();
+                specs.push((
+                    "tools".to_owned(),
+                    format!("json:{}", tools::required_schema(&declared, parallel)),
+                ));
+                (Some(ToolReply::Required { parallel }), Some(specs))
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "`tool_choice` = `{other}` refused: `none`, `auto`, `required`, or \
+                         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                    ),
+                ));
+            }
+        },
+        Some(ToolChoice::Named(named)) => {
+            if named.kind != "function" {
+                return Err(ApiError::invalid(
+                    "tool_choice.type",
+                    format!(
+                        "`tool_choice.type` `{}` refused: only `function` is served",
+                        named.kind
+                    ),
+                ));
+            }
+            let name = &named.function.name;
+            let Some(i) = declared.iter().position(|(n, _)| n == name) else {
+                let names: Vec<&str> = declared.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(ApiError::invalid(
+                    "tool_choice.function.name",
+                    format!(
+                        "`tool_choice` names `{name}`, which is not among `tools`: {}",
+                        names.join(", ")
+                    ),
+                ));
+            };
+            (
+                Some(ToolReply::Named { name: name.clone() }),
+                Some(vec![parameters_spec(i)]),
+            )
+        }
+    };
+    Ok(ToolPlan {
+        template_tools: Some(template_tools),
+        reply,
+        grammar,
+    })
+}
+
+/// `tool_choice` `auto` reads the reply with the server's parser; without one it is refused.
+fn auto_reply(state: &AppState, parallel: bool) -> Result<Option<ToolReply>, ApiError> {
+    match state.config.tool_call_parser {
+        Some(parser) => Ok(Some(ToolReply::Auto { parser, parallel })),
+        None => Err(ApiError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` `auto` (the default when `tools` are sent) refused: this server \
+                 reads no tool-call format; start it with `--tool-call-parser` ({}), or send \
+                 `tool_choice` `required`, a named function, or `none`",
+                tools::ToolCallParser::NAMES
+            ),
+        )),
     }
 }
 
@@ -172,7 +365,12 @@ impl TokenizeRequest {
         let (text, add_special) = match (&self.prompt, &self.messages) {
             (Some(p), None) => (p.clone(), self.add_special_tokens.unwrap_or(true)),
             (None, Some(m)) => (
-                render_messages(state, Some(m), self.add_generation_prompt.unwrap_or(true))?,
+                render_messages(
+                    state,
+                    Some(m),
+                    None,
+                    self.add_generation_prompt.unwrap_or(true),
+                )?,
                 self.add_special_tokens.unwrap_or(false),
             ),
             _ => {
@@ -281,6 +479,7 @@ fn prompt_ids(state: &AppState, prompt: Option<Prompt>) -> Result<Vec<u32>, ApiE
 fn render_messages(
     state: &AppState,
     messages: Option<&[ChatMessage]>,
+    tools: Option<&[serde_json::Value]>,
     add_generation_prompt: bool,
 ) -> Result<String, ApiError> {
     let template = state.text.chat.as_ref().ok_or_else(|| {
@@ -303,12 +502,32 @@ fn render_messages(
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
+            "tool" => "tool",
             other => {
                 return Err(ApiError::invalid(
                     format!("messages[{i}].role"),
-                    format!("role `{other}` refused: system, developer, user or assistant"),
+                    format!("role `{other}` refused: system, developer, user, assistant or tool"),
                 ));
             }
+        };
+        if role == "tool" && m.tool_call_id.is_none() {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_call_id"),
+                "a `tool` message without `tool_call_id` refused: send the id of the call it answers",
+            ));
+        }
+        let tool_calls = match &m.tool_calls {
+            None => None,
+            Some(_) if role != "assistant" => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_calls"),
+                    format!(
+                        "`tool_calls` on a `{}` message refused: only assistant turns make calls",
+                        m.role
+                    ),
+                ));
+            }
+            Some(calls) => Some(template_tool_calls(i, calls)?),
         };
         let content = match &m.content {
             // An assistant turn may be empty; a system or user turn without text is a mistake.
@@ -344,11 +563,55 @@ fn render_messages(
         rendered.push(TemplateMessage {
             role: role.to_owned(),
             content,
+            name: m.name.clone(),
+            tool_calls,
+            tool_call_id: m.tool_call_id.clone(),
         });
     }
     template
-        .render(&rendered, add_generation_prompt)
+        .render(&rendered, tools, add_generation_prompt)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// An assistant turn's calls as templates read them: the arguments string parsed into the
+/// object it holds (as vLLM passes them; templates print them with `tojson`).
+fn template_tool_calls(
+    i: usize,
+    calls: &[tools::MessageToolCall],
+) -> Result<Vec<serde_json::Value>, ApiError> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, call)| {
+            if let Some(kind) = call.kind.as_deref()
+                && kind != "function"
+            {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_calls[{j}].type"),
+                    format!("tool call type `{kind}` refused: only `function` calls are served"),
+                ));
+            }
+            let field = format!("messages[{i}].tool_calls[{j}].function.arguments");
+            let arguments: serde_json::Value = serde_json::from_str(&call.function.arguments)
+                .map_err(|e| {
+                    ApiError::invalid(
+                        field.clone(),
+                        format!("`{field}` refused: not a JSON object as text: {e}"),
+                    )
+                })?;
+            if !arguments.is_object() {
+                return Err(ApiError::invalid(
+                    field.clone(),
+                    format!("`{field}` refused: a JSON object as text"),
+                ));
+            }
+            Ok(serde_json::json!({
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": arguments},
+            }))
+        })
+        .collect()
 }
 
 fn range_f32(
@@ -529,6 +792,7 @@ impl CommonFields {
             include_usage,
             fields,
             grammar: None,
+            tools: None,
         })
     }
 }

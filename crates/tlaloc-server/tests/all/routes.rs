@@ -154,7 +154,7 @@ async fn every_invalid_field_is_refused_with_400_naming_it() {
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "tool", "content": "x"}]}),
-            "messages[0].role",
+            "messages[0].tool_call_id",
         ),
         (
             "/v1/chat/completions",
@@ -180,6 +180,45 @@ async fn every_invalid_field_is_refused_with_400_naming_it() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "tools": []}),
             "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "retrieval"}], "tool_choice": "none"}),
+            "tools[0].type",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "none"}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice.function.name",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}],
+                "tool_choice": "required"}),
+            "tools[0].function.parameters",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": "f", "arguments": "[1]"}}]}]}),
+            "messages[1].tool_calls[0].function.arguments",
         ),
         ("/detokenize", json!({"tokens": [1, 4000000]}), "tokens[1]"),
     ];
@@ -979,4 +1018,57 @@ async fn a_stalled_body_is_408_after_the_body_idle_timeout() {
         error["message"].as_str().unwrap().contains("0.5 s"),
         "{error}"
     );
+}
+
+/// A Responses request is the chat request it amounts to: the same reply for the same
+/// conversation, and the stored-state fields refused by name.
+#[tokio::test]
+async fn responses_give_the_chat_reply_and_refuse_stored_state_by_name() {
+    let h = quick();
+    let (status, chat) = call(
+        &h,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello"}], "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{chat}");
+    let (status, response) = call(
+        &h,
+        "/v1/responses",
+        json!({"instructions": "Be brief.", "input": "Hello", "max_output_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+    assert_eq!(response["object"], json!("response"));
+    assert_eq!(
+        response["output"][0]["content"][0]["text"],
+        chat["choices"][0]["message"]["content"]
+    );
+    assert_eq!(response["status"], json!("incomplete"));
+    assert_eq!(
+        response["incomplete_details"]["reason"],
+        json!("max_output_tokens")
+    );
+    assert_eq!(
+        response["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_eq!(response["usage"]["output_tokens"], json!(5));
+    for (body, param) in [
+        (json!({"input": "x", "store": true}), "store"),
+        (
+            json!({"input": "x", "previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (
+            json!({"input": "x", "max_output_tokens": -1}),
+            "max_output_tokens",
+        ),
+        (json!({"max_output_tokens": 3}), "input"),
+    ] {
+        let (status, error) = call(&h, "/v1/responses", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        assert_eq!(error["error"]["param"], json!(param), "{body}: {error}");
+    }
 }

@@ -37,9 +37,10 @@ fn chat_template_renders_what_transformers_rendered() {
             .map(|m| TemplateMessage {
                 role: m["role"].as_str().unwrap().into(),
                 content: m["content"].as_str().unwrap().into(),
+                ..Default::default()
             })
             .collect();
-        let rendered = template.render(&messages, true).expect("renders");
+        let rendered = template.render(&messages, None, true).expect("renders");
         assert_eq!(
             rendered,
             case["rendered"].as_str().unwrap(),

@@ -184,7 +184,9 @@ fn prompt_ids(args: &GenerateArgs, text: Option<&ModelText>) -> Result<Vec<u32>>
             &[TemplateMessage {
                 role: "user".into(),
                 content: prompt.to_owned(),
+                ..Default::default()
             }],
+            None,
             true,
         )?;
         // The template writes the special tokens itself, as transformers' apply_chat_template.

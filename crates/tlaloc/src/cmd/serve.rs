@@ -10,6 +10,7 @@ use clap::Args;
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_runtime::{CompileMode, Engine, EngineOptions, LoadOptions};
+use tlaloc_server::tools::ToolCallParser;
 use tlaloc_server::{AppState, ModelText, ServerConfig};
 
 /// Arguments of `tlaloc serve`.
@@ -68,6 +69,15 @@ pub struct ServeArgs {
     /// Prefill every prompt whole instead of reusing the K/V of a cached prefix.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// How replies are read for tool calls under `tool_choice` `auto`: `hermes` (Qwen, Hermes:
+    /// `<tool_call>` blocks), `llama3_json` (Llama 3.1+: bare JSON), `mistral` (`[TOOL_CALLS]`).
+    /// Without it `auto` is refused; `required` and a named function are enforced either way.
+    #[arg(long, value_name = "FORMAT", value_parser = parse_tool_call_parser)]
+    tool_call_parser: Option<ToolCallParser>,
+}
+
+fn parse_tool_call_parser(text: &str) -> Result<ToolCallParser, String> {
+    text.parse()
 }
 
 /// A positive, finite number of seconds (fractions allowed).
@@ -106,6 +116,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         header_read_timeout: args.header_read_timeout,
         body_idle_timeout: args.body_idle_timeout,
         shutdown_timeout: args.shutdown_timeout,
+        tool_call_parser: args.tool_call_parser,
     };
     let options = LoadOptions {
         plugin: PluginRequest::parse(&args.plugin),
