@@ -895,10 +895,8 @@ impl Scheduler {
             .filter(|&s| self.seq(s).remaining() > 1 && !self.deferred.contains(&s))
             .take(self.shape.ladder.max_prefill_batch())
             .collect();
-        let (rows, chunk) = self.prefill_shape(
-            self.seq(candidates[0]).remaining(),
-            candidates.len(),
-        );
+        let (rows, chunk) =
+            self.prefill_shape(self.seq(candidates[0]).remaining(), candidates.len());
         let mut slots = candidates;
         slots.truncate(rows);
         loop {

@@ -16,8 +16,8 @@ use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::{
-    CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest, GenerateResult, LoadOptions,
-    SamplingParams, TokenEvent,
+    CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
+    GenerateResult, LoadOptions, SamplingParams, TokenEvent,
 };
 
 fn workspace_root() -> PathBuf {
@@ -641,7 +641,9 @@ fn prompts_prefilled_together_match_each_prompt_prefilled_alone() {
     // Lengths that need different chunks: 5 and 12 fit one 16-token chunk, 20 one 32-token
     // chunk, 40 two chunks; the oldest in line decides the chunk of a shared step.
     let prompt = |len: u32, salt: u32| -> Vec<u32> {
-        (0..len).map(|k| ((k * 37 + salt * 101) % 500) + 3).collect()
+        (0..len)
+            .map(|k| ((k * 37 + salt * 101) % 500) + 3)
+            .collect()
     };
     let prompts = [prompt(5, 1), prompt(20, 2), prompt(40, 3), prompt(12, 4)];
     let request = |p: &Vec<u32>| GenerateRequest {
@@ -663,7 +665,10 @@ fn prompts_prefilled_together_match_each_prompt_prefilled_alone() {
             .map(|p| engine.generate_blocking(request(p)).unwrap())
             .collect();
         let before = engine.stats().steps;
-        assert_eq!(before.prefill_rows, before.prefill_steps, "alone: one row a step");
+        assert_eq!(
+            before.prefill_rows, before.prefill_steps,
+            "alone: one row a step"
+        );
         let together: Vec<GenerateResult> = std::thread::scope(|scope| {
             let runs: Vec<_> = prompts
                 .iter()

@@ -150,10 +150,16 @@ fn malformed_ladders_are_refused_naming_the_field() {
         ("contextBuckets", |l| l.context_buckets = vec![16]),
         ("prefillChunks", |l| l.prefill_chunks = vec![8, 64]),
         ("prefillBatchBuckets", |l| l.prefill_batch_buckets = vec![]),
-        ("prefillBatchBuckets", |l| l.prefill_batch_buckets = vec![2, 1]),
-        ("prefillBatchBuckets", |l| l.prefill_batch_buckets = vec![0, 1]),
+        ("prefillBatchBuckets", |l| {
+            l.prefill_batch_buckets = vec![2, 1]
+        }),
+        ("prefillBatchBuckets", |l| {
+            l.prefill_batch_buckets = vec![0, 1]
+        }),
         // Prompts prefilled together run together: no more than maxBatch (2 here).
-        ("prefillBatchBuckets", |l| l.prefill_batch_buckets = vec![1, 4]),
+        ("prefillBatchBuckets", |l| {
+            l.prefill_batch_buckets = vec![1, 4]
+        }),
     ];
     for (field, corrupt) in cases {
         let mut ladder = fixture::ladder();
@@ -376,7 +382,9 @@ fn an_artifact_with_prefill_batch_buckets_has_an_entry_for_each_point() {
     let manifest = artifact.manifest();
     assert_eq!(manifest.ladder.prefill_batch_buckets, vec![1, 2]);
     let point = manifest.ladder.prefill_batch_entry(2, 5, 12).unwrap();
-    let entry = manifest.entry_for(&point).expect("an entry for two prompts");
+    let entry = manifest
+        .entry_for(&point)
+        .expect("an entry for two prompts");
     assert_eq!((entry.batch, entry.tokens, entry.context), (2, 8, 16));
     let program = artifact.program(&entry.name).expect("program");
     assert_eq!(program.inputs[0].dims, vec![2, 8]);

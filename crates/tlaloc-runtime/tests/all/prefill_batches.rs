@@ -31,7 +31,10 @@ fn model() -> FakeModel {
 }
 
 /// Runs steps until nothing is left; returns every step and each request's tokens in order.
-fn run_all(s: &mut Scheduler, model: &mut FakeModel) -> (Vec<ScheduledStep>, HashMap<u64, Vec<u32>>) {
+fn run_all(
+    s: &mut Scheduler,
+    model: &mut FakeModel,
+) -> (Vec<ScheduledStep>, HashMap<u64, Vec<u32>>) {
     let mut steps = Vec::new();
     let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
     while s.has_work() {
@@ -87,13 +90,18 @@ fn prompts_in_line_are_prefilled_together_and_match_each_prompt_alone() {
     let mut model = model();
     let mut s = Scheduler::new(model.shape()).unwrap();
     for (i, p) in prompts.iter().enumerate() {
-        s.add(i as u64, GenerateRequest::greedy(p.clone(), 5)).unwrap();
+        s.add(i as u64, GenerateRequest::greedy(p.clone(), 5))
+            .unwrap();
     }
     let (steps, out) = run_all(&mut s, &mut model);
     let first = &steps[0];
     assert_eq!(first.entry.kind, EntryKind::Prefill);
     assert_eq!((first.entry.batch, first.entry.tokens), (4, 4));
-    let rows: Vec<(u64, usize, bool)> = first.rows.iter().map(|r| (r.id, r.tokens, r.emits)).collect();
+    let rows: Vec<(u64, usize, bool)> = first
+        .rows
+        .iter()
+        .map(|r| (r.id, r.tokens, r.emits))
+        .collect();
     assert_eq!(rows, vec![(0, 3, true), (1, 4, false), (2, 4, false)]);
     // Each row continues from where it is: positions start at 0 in row order here.
     for r in 0..3 {
@@ -101,14 +109,19 @@ fn prompts_in_line_are_prefilled_together_and_match_each_prompt_alone() {
         assert_eq!(first.inputs.token_ids[r * 4], prompts[r][0] as i32);
     }
     for (i, p) in prompts.iter().enumerate() {
-        assert_eq!(out[&(i as u64)], reference_generate(p, 5, &[]), "prompt {i}");
+        assert_eq!(
+            out[&(i as u64)],
+            reference_generate(p, 5, &[]),
+            "prompt {i}"
+        );
     }
     assert!(prefill_steps(&steps).any(|s| s.rows.len() > 1));
     assert_eq!(s.counts().pages_used, 0);
 
     // The same prompts each alone, with prefill batch 1 only: the same tokens.
     for (i, p) in prompts.iter().enumerate() {
-        let mut alone = FakeModel::new(grid(&[1, 4], &[4, 8], &[16, 32]), BLOCK, 1 + 4 * 32 / BLOCK);
+        let mut alone =
+            FakeModel::new(grid(&[1, 4], &[4, 8], &[16, 32]), BLOCK, 1 + 4 * 32 / BLOCK);
         let mut s = Scheduler::new(alone.shape()).unwrap();
         s.add(9, GenerateRequest::greedy(p.clone(), 5)).unwrap();
         let (steps, got) = run_all(&mut s, &mut alone);
@@ -131,11 +144,16 @@ fn a_mix_of_lengths_that_need_different_chunks_is_packed_and_every_row_ends_righ
     let mut model = model();
     let mut s = Scheduler::new(model.shape()).unwrap();
     for (i, p) in prompts.iter().enumerate() {
-        s.add(i as u64, GenerateRequest::greedy(p.clone(), 3)).unwrap();
+        s.add(i as u64, GenerateRequest::greedy(p.clone(), 3))
+            .unwrap();
     }
     let (steps, out) = run_all(&mut s, &mut model);
     for (i, p) in prompts.iter().enumerate() {
-        assert_eq!(out[&(i as u64)], reference_generate(p, 3, &[]), "prompt {i}");
+        assert_eq!(
+            out[&(i as u64)],
+            reference_generate(p, 3, &[]),
+            "prompt {i}"
+        );
     }
     let shapes: std::collections::BTreeSet<(usize, usize)> = prefill_steps(&steps)
         .map(|s| (s.entry.batch, s.entry.tokens))
@@ -167,17 +185,25 @@ fn the_token_budget_bounds_every_prefill_step_and_the_smallest_entry_always_runs
         let mut s = Scheduler::new(model.shape()).unwrap();
         s.set_max_prefill_tokens(budget);
         for (i, p) in prompts.iter().enumerate() {
-            s.add(i as u64, GenerateRequest::greedy(p.clone(), 2)).unwrap();
+            s.add(i as u64, GenerateRequest::greedy(p.clone(), 2))
+                .unwrap();
         }
         let (steps, out) = run_all(&mut s, &mut model);
         for (i, p) in prompts.iter().enumerate() {
-            assert_eq!(out[&(i as u64)], reference_generate(p, 2, &[]), "budget {budget}");
+            assert_eq!(
+                out[&(i as u64)],
+                reference_generate(p, 2, &[]),
+                "budget {budget}"
+            );
         }
         let largest = prefill_steps(&steps)
             .map(|s| s.entry.batch * s.entry.tokens)
             .max()
             .unwrap();
-        assert!(largest <= budget.max(4), "budget {budget}: a step of {largest} tokens");
+        assert!(
+            largest <= budget.max(4),
+            "budget {budget}: a step of {largest} tokens"
+        );
         // The budget is used: the largest step is the largest shape within it that the rows
         // in line needed (four prompts of 10 to 13 tokens want the 8-token chunk).
         let expected = match budget {
@@ -200,7 +226,8 @@ fn a_running_stream_keeps_receiving_tokens_between_the_chunks_of_a_long_prompt()
     let mut s = Scheduler::new(model.shape()).unwrap();
     // One prompt at a time, 4 tokens per step: the long prompt takes 8 prefill steps.
     s.set_max_prefill_tokens(4);
-    s.add(1, GenerateRequest::greedy(short.clone(), max_tokens)).unwrap();
+    s.add(1, GenerateRequest::greedy(short.clone(), max_tokens))
+        .unwrap();
     // Until the short one decodes.
     let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
     let step = s.schedule().unwrap().unwrap();
@@ -256,7 +283,8 @@ fn prompts_prefilled_together_still_skip_their_cached_prefix() {
         [shared.clone(), tokens(4, 53)].concat(),
     ];
     for (i, p) in prompts.iter().enumerate() {
-        s.add(1 + i as u64, GenerateRequest::greedy(p.clone(), 3)).unwrap();
+        s.add(1 + i as u64, GenerateRequest::greedy(p.clone(), 3))
+            .unwrap();
     }
     let (steps, out) = run_all(&mut s, &mut model);
     let first = &steps[0];
@@ -269,7 +297,11 @@ fn prompts_prefilled_together_still_skip_their_cached_prefix() {
         assert_eq!(first.inputs.token_ids[r * t], p[12] as i32);
     }
     for (i, p) in prompts.iter().enumerate() {
-        assert_eq!(out[&(1 + i as u64)], reference_generate(p, 3, &[]), "prompt {i}");
+        assert_eq!(
+            out[&(1 + i as u64)],
+            reference_generate(p, 3, &[]),
+            "prompt {i}"
+        );
     }
     assert!(s.counts().prefix_cache.hit_tokens >= 24);
     assert_eq!(s.counts().pages_used, 0);
@@ -288,11 +320,16 @@ fn prompts_that_arrive_together_with_a_shared_prefix_compute_it_once() {
         [shared.clone(), tokens(4, 62)].concat(),
     ];
     for (i, p) in prompts.iter().enumerate() {
-        s.add(i as u64, GenerateRequest::greedy(p.clone(), 3)).unwrap();
+        s.add(i as u64, GenerateRequest::greedy(p.clone(), 3))
+            .unwrap();
     }
     let (steps, out) = run_all(&mut s, &mut model);
     for (i, p) in prompts.iter().enumerate() {
-        assert_eq!(out[&(i as u64)], reference_generate(p, 3, &[]), "prompt {i}");
+        assert_eq!(
+            out[&(i as u64)],
+            reference_generate(p, 3, &[]),
+            "prompt {i}"
+        );
     }
     let prefilled = |id: u64| -> usize {
         prefill_steps(&steps)
@@ -304,6 +341,10 @@ fn prompts_that_arrive_together_with_a_shared_prefix_compute_it_once() {
     assert_eq!(prefilled(0), prompts[0].len());
     assert_eq!(prefilled(1), prompts[1].len() - 12);
     let stats = s.counts().prefix_cache;
-    assert_eq!((stats.queries, stats.hits, stats.hit_tokens), (2, 1, 12), "{stats:?}");
+    assert_eq!(
+        (stats.queries, stats.hits, stats.hit_tokens),
+        (2, 1, 12),
+        "{stats:?}"
+    );
     assert_eq!(s.counts().pages_used, 0);
 }

@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_runtime::{
-    CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle, EngineOptions, GenerateRequest,
-    LoadOptions, LoadTimings, SamplingParams, StepTimings, StopParams, TokenEvent,
+    CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle,
+    EngineOptions, GenerateRequest, LoadOptions, LoadTimings, SamplingParams, StepTimings,
+    StopParams, TokenEvent,
 };
 use tlaloc_server::ModelText;
 use tlaloc_server::chat::TemplateMessage;
@@ -54,7 +55,7 @@ pub struct EngineArgs {
     /// The most tokens one prefill step computes (its entry's prompts x chunk, padding
     /// included): several prompts are prefilled together up to it, and a running stream waits
     /// for at most one such step between its tokens.
-    #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_TOKENS, value_parser = crate::cmd::generate::token_count)]
+    #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_TOKENS, value_parser = token_count)]
     pub max_prefill_tokens: usize,
 }
 
@@ -62,7 +63,9 @@ pub struct EngineArgs {
 pub fn token_count(text: &str) -> Result<usize, String> {
     match text.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("`{text}` refused: a whole number of tokens, at least 1")),
+        _ => Err(format!(
+            "`{text}` refused: a whole number of tokens, at least 1"
+        )),
     }
 }
 
