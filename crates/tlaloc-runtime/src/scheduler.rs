@@ -45,6 +45,9 @@
 //! evicted) first takes the longest cached run of its blocks, shared (reference-counted), and
 //! is prefilled from the first uncached position; the block holding its last token is always
 //! computed, so that its step returns that token's logits and no shared page is ever written.
+//! A sequence whose first uncached block another running sequence is about to compute (prompts
+//! with one system prompt arriving together) sits out the prefill steps until that block is
+//! registered, so that prompts prefilled together compute a shared prefix once.
 //! A parked sequence keeps its pages as before; its full blocks are registered like any
 //! other's, so another request with the same history shares them while it is parked, and once
 //! it is evicted its cached blocks stay in the pool's eviction order, so resuming it may find

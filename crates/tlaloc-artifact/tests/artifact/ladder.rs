@@ -394,6 +394,8 @@ fn an_artifact_with_prefill_batch_buckets_has_an_entry_for_each_point() {
         let entries = m["entries"].as_array_mut().unwrap();
         entries.retain(|e| e["name"] != "prefill_b2_t8_c16");
     });
-    let err = Artifact::open(&dir).err().expect("refused");
+    let Err(err) = Artifact::open(&dir) else {
+        panic!("an artifact missing an entry was accepted");
+    };
     assert!(err.to_string().contains("prefill_b2_t8_c16"), "{err}");
 }

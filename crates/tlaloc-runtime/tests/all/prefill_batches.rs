@@ -103,10 +103,12 @@ fn prompts_in_line_are_prefilled_together_and_match_each_prompt_alone() {
         .map(|r| (r.id, r.tokens, r.emits))
         .collect();
     assert_eq!(rows, vec![(0, 3, true), (1, 4, false), (2, 4, false)]);
-    // Each row continues from where it is: positions start at 0 in row order here.
-    for r in 0..3 {
-        assert_eq!(first.inputs.positions[r * 4], 0);
-        assert_eq!(first.inputs.token_ids[r * 4], prompts[r][0] as i32);
+    // Each row holds its own prompt's first tokens at their positions, in row order.
+    for (r, (p, row)) in prompts.iter().zip(&first.rows).enumerate() {
+        for (k, &token) in p.iter().take(row.tokens).enumerate() {
+            assert_eq!(first.inputs.positions[r * 4 + k], k as i32);
+            assert_eq!(first.inputs.token_ids[r * 4 + k], token as i32);
+        }
     }
     for (i, p) in prompts.iter().enumerate() {
         assert_eq!(
