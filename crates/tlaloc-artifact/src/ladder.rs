@@ -2,9 +2,11 @@
 //! request is rounded up to one of them, and how the ladder is derived from export options.
 //!
 //! Decode points are every batch bucket times every context bucket, with one token. Prefill
-//! points run one sequence (batch 1): every prefill chunk times every context bucket at least as
-//! long as the chunk. Selection rounds up and refuses, by name, anything over the top; it never
-//! clamps, because a clamped context silently drops a user's history.
+//! points are every prefill batch bucket times every prefill chunk times every context bucket
+//! at least as long as the chunk (an artifact that states no prefill batch buckets has one, of
+//! batch 1: prompts are then prefilled one at a time). Selection rounds up and refuses, by name,
+//! anything over the top; it never clamps, because a clamped context silently drops a user's
+//! history.
 
 use std::fmt;
 
@@ -20,6 +22,25 @@ pub struct Ladder {
     pub batch_buckets: Vec<usize>,
     pub context_buckets: Vec<usize>,
     pub prefill_chunks: Vec<usize>,
+    /// How many prompts a prefill entry takes, ascending; absent in artifacts from before prompts
+    /// were prefilled together, which therefore mean `[1]` (and are written without it, so that
+    /// such an export stays byte-identical).
+    #[serde(
+        default = "single_prefill_batch",
+        skip_serializing_if = "is_single_prefill_batch"
+    )]
+    pub prefill_batch_buckets: Vec<usize>,
+}
+
+/// The prefill batch buckets of a ladder that states none: one prompt at a time.
+fn single_prefill_batch() -> Vec<usize> {
+    vec![PREFILL_BATCH]
+}
+
+// serde's `skip_serializing_if` passes the field itself.
+#[allow(clippy::ptr_arg)]
+fn is_single_prefill_batch(buckets: &Vec<usize>) -> bool {
+    buckets.as_slice() == [PREFILL_BATCH]
 }
 
 /// Whether an entry decodes one token per row or prefills a chunk of prompt tokens.
@@ -64,7 +85,8 @@ impl fmt::Display for LadderPoint {
     }
 }
 
-/// Prefill entries run one sequence at a time.
+/// The prefill batch of a ladder that states no prefill batch buckets (and the default of
+/// [`LadderOptions`]): one prompt per prefill step.
 pub const PREFILL_BATCH: usize = 1;
 
 /// Refusals of the ladder: a request it cannot serve, or a ladder that is malformed.
@@ -72,6 +94,8 @@ pub const PREFILL_BATCH: usize = 1;
 pub enum LadderError {
     #[error("batch of {requested} rows exceeds the largest batch bucket {max}")]
     BatchTooLarge { requested: usize, max: usize },
+    #[error("prefill batch of {requested} prompts exceeds the largest prefill batch bucket {max}")]
+    PrefillBatchTooLarge { requested: usize, max: usize },
     #[error("context of {requested} tokens exceeds the largest context bucket {max}")]
     ContextTooLong { requested: usize, max: usize },
     #[error("prefill chunk of {requested} tokens exceeds the largest prefill chunk {max}")]
@@ -127,6 +151,22 @@ impl Ladder {
             return Err(malformed("prefillChunks", "must not be empty".into()));
         }
         check_ascending("prefillChunks", &self.prefill_chunks)?;
+        if self.prefill_batch_buckets.is_empty() {
+            return Err(malformed("prefillBatchBuckets", "must not be empty".into()));
+        }
+        check_ascending("prefillBatchBuckets", &self.prefill_batch_buckets)?;
+        if let Some(&largest) = self.prefill_batch_buckets.last()
+            && largest > self.max_batch
+        {
+            // Prompts prefilled together are running sequences, and at most maxBatch run.
+            return Err(malformed(
+                "prefillBatchBuckets",
+                format!(
+                    "bucket {largest} exceeds maxBatch {} (at most that many sequences run)",
+                    self.max_batch
+                ),
+            ));
+        }
         if let Some(&largest) = self.prefill_chunks.last()
             && largest > self.max_context
         {
@@ -152,13 +192,15 @@ impl Ladder {
             }
         }
         for &context in &self.context_buckets {
-            for &tokens in self.prefill_chunks.iter().filter(|&&t| t <= context) {
-                points.push(LadderPoint {
-                    kind: EntryKind::Prefill,
-                    batch: PREFILL_BATCH,
-                    tokens,
-                    context,
-                });
+            for &batch in &self.prefill_batch_buckets {
+                for &tokens in self.prefill_chunks.iter().filter(|&&t| t <= context) {
+                    points.push(LadderPoint {
+                        kind: EntryKind::Prefill,
+                        batch,
+                        tokens,
+                        context,
+                    });
+                }
             }
         }
         points
@@ -183,10 +225,28 @@ impl Ladder {
         })
     }
 
-    /// The prefill point for a chunk of `tokens` prompt tokens after which the sequence holds
-    /// `context` tokens, rounded up. Longer prompts are split by the caller into chunks of at
-    /// most [`Ladder::max_prefill_chunk`].
+    /// The prefill point for one prompt's chunk of `tokens` tokens after which the sequence
+    /// holds `context` tokens, rounded up (to the smallest prefill batch bucket). Longer prompts
+    /// are split by the caller into chunks of at most [`Ladder::max_prefill_chunk`].
     pub fn prefill_entry(&self, tokens: usize, context: usize) -> Result<LadderPoint, LadderError> {
+        self.prefill_batch_entry(1, tokens, context)
+    }
+
+    /// The prefill point for `batch` prompts whose chunks hold at most `tokens` tokens and whose
+    /// longest sequence holds `context` tokens after the step, rounded up.
+    pub fn prefill_batch_entry(
+        &self,
+        batch: usize,
+        tokens: usize,
+        context: usize,
+    ) -> Result<LadderPoint, LadderError> {
+        let batch = round_up(batch, &self.prefill_batch_buckets).map_err(|e| match e {
+            RoundUp::Empty => LadderError::Empty { what: "batch" },
+            RoundUp::OverTop(max) => LadderError::PrefillBatchTooLarge {
+                requested: batch,
+                max,
+            },
+        })?;
         if tokens > context {
             return Err(LadderError::PrefillLongerThanContext { tokens, context });
         }
@@ -202,7 +262,7 @@ impl Ladder {
         let context = self.context_bucket(context.max(chunk))?;
         Ok(LadderPoint {
             kind: EntryKind::Prefill,
-            batch: PREFILL_BATCH,
+            batch,
             tokens: chunk,
             context,
         })
@@ -213,9 +273,21 @@ impl Ladder {
         self.max_batch
     }
 
-    /// The most sequences that prefill together.
+    /// The most sequences that prefill together: the top prefill batch bucket.
     pub fn max_prefill_batch(&self) -> usize {
-        PREFILL_BATCH
+        self.prefill_batch_buckets
+            .last()
+            .copied()
+            .unwrap_or(PREFILL_BATCH)
+    }
+
+    /// The prefill batch bucket that holds `rows` prompts (the top one past it).
+    pub fn prefill_batch_for(&self, rows: usize) -> usize {
+        self.prefill_batch_buckets
+            .iter()
+            .copied()
+            .find(|&b| b >= rows)
+            .unwrap_or_else(|| self.max_prefill_batch())
     }
 
     /// The longest sequence served (prompt and output): the top context bucket.
@@ -333,6 +405,9 @@ pub struct LadderOptions {
     /// Blocks per layer pool, including the scratch block 0.
     pub num_blocks: usize,
     pub prefill_chunks: Vec<usize>,
+    /// How many prompts a prefill entry takes; empty means `[1]` (one at a time). Taken
+    /// sorted and de-duplicated; the largest must not exceed `max_batch`.
+    pub prefill_batch_buckets: Vec<usize>,
     /// Decode batch buckets; empty derives them (powers of two below `max_batch`, then
     /// `max_batch`). When given, the largest must equal `max_batch`.
     pub batch_buckets: Vec<usize>,
@@ -369,6 +444,7 @@ impl LadderOptions {
             block_size,
             num_blocks: 1 + max_batch * (max_context / block_size),
             prefill_chunks,
+            prefill_batch_buckets: Vec::new(),
             batch_buckets: Vec::new(),
             context_buckets: Vec::new(),
         }
@@ -379,7 +455,8 @@ impl LadderOptions {
     /// - context buckets start at the smallest multiple of `block_size` that is at least
     ///   [`MIN_CONTEXT_BUCKET`] (or at `max_context` if that is smaller), double while below
     ///   `max_context`, and end with `max_context` itself;
-    /// - prefill chunks are taken as given, sorted and de-duplicated.
+    /// - prefill chunks and prefill batch buckets are taken as given, sorted and de-duplicated
+    ///   (no prefill batch buckets means `[1]`).
     ///
     /// Refuses a `max_context` the block size does not divide and a pool too small to hold one
     /// sequence of the top context.
@@ -437,6 +514,13 @@ impl LadderOptions {
         prefill_chunks.sort_unstable();
         prefill_chunks.dedup();
 
+        let mut prefill_batch_buckets = self.prefill_batch_buckets.clone();
+        prefill_batch_buckets.sort_unstable();
+        prefill_batch_buckets.dedup();
+        if prefill_batch_buckets.is_empty() {
+            prefill_batch_buckets = single_prefill_batch();
+        }
+
         let ladder = Ladder {
             max_batch: self.max_batch,
             max_context: self.max_context,
@@ -444,6 +528,7 @@ impl LadderOptions {
             batch_buckets,
             context_buckets,
             prefill_chunks,
+            prefill_batch_buckets,
         };
         ladder.validate()?;
         Ok(ladder)

@@ -412,6 +412,9 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
             if let Some(kv_dtype) = options.kv_dtype {
                 json["kvDtype"] = kv_dtype.name().into();
             }
+            if !l.prefill_batch_buckets.is_empty() {
+                json["prefillBatchBuckets"] = l.prefill_batch_buckets.clone().into();
+            }
             json
         },
     }

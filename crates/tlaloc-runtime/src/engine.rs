@@ -27,7 +27,7 @@ use crate::request::{
     Finish, FinishReason, GenerateRequest, Refusal, RequestId, RequestTimings, SequenceKey,
     TokenUpdate, Usage, ValidatedRequest,
 };
-use crate::scheduler::{Scheduler, ShapeError};
+use crate::scheduler::{DEFAULT_MAX_PREFILL_TOKENS, Scheduler, ShapeError};
 
 /// One event of a request's stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +88,9 @@ pub struct StepStats {
     pub prefill_steps: u64,
     /// Prompt tokens those steps processed.
     pub prefill_tokens: u64,
+    /// Rows those steps prefilled (live rows, not padding): more than the steps when prompts
+    /// were prefilled together.
+    pub prefill_rows: u64,
     /// Time of prefill steps, by phase.
     pub prefill_time: StepTimings,
     /// Decode steps run.
@@ -155,11 +158,18 @@ pub struct EngineOptions {
     /// the same way, so that a prompt is prefilled only from its first uncached block (on by
     /// default).
     pub prefix_cache: bool,
+    /// The most tokens one prefill step computes: its entry's batch times its chunk, padding
+    /// included ([`Scheduler::set_max_prefill_tokens`]; default
+    /// [`DEFAULT_MAX_PREFILL_TOKENS`]).
+    pub max_prefill_tokens: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { prefix_cache: true }
+        Self {
+            prefix_cache: true,
+            max_prefill_tokens: DEFAULT_MAX_PREFILL_TOKENS,
+        }
     }
 }
 
@@ -320,6 +330,7 @@ impl Engine {
                 let scheduler = match Scheduler::new(executor.shape()) {
                     Ok(mut s) => {
                         s.set_decode_exploration(executor.all_entries_compiled());
+                        s.set_max_prefill_tokens(options.max_prefill_tokens);
                         if options.prefix_cache {
                             let id = match identity {
                                 Some(of) => of(&executor),
@@ -695,6 +706,7 @@ impl<E: ModelExecutor> Actor<E> {
                 EntryKind::Prefill => {
                     steps.prefill_steps += 1;
                     steps.prefill_tokens += step.rows.iter().map(|r| r.tokens as u64).sum::<u64>();
+                    steps.prefill_rows += step.rows.len() as u64;
                     steps.prefill_time += timings;
                 }
                 EntryKind::Decode => {

@@ -48,4 +48,5 @@ pub use request::{
     SequenceKey, StopParams, Usage, ValidatedRequest,
 };
 pub use sampling::{Sampled, SamplingParams};
+pub use scheduler::DEFAULT_MAX_PREFILL_TOKENS;
 pub use step_executor::{RowOutput, StepError, StepExecutor, StepRow};

@@ -13,10 +13,25 @@
 //! sequence ([`crate::request::SequenceControl`]) is one kept, pages and all, between requests;
 //! evicting it is the same `computed = 0`.
 //!
-//! Policy: steps alternate between one prefill step (the oldest sequences with prompt tokens
-//! left, as many as the largest prefill batch holds) and one decode step (every decoding
+//! Policy: steps alternate between one prefill step and one decode step (every decoding
 //! sequence in one call, on the smallest context bucket that holds the longest row), so that a
-//! stream of new prompts cannot starve running decodes. A waiting sequence is admitted when the
+//! stream of new prompts cannot starve running decodes. A prefill step packs the oldest
+//! sequences with prompt tokens left into one entry of `B` rows of `T` tokens: `T` is the chunk
+//! the oldest of them needs (the smallest that holds its rest, else the largest), every other
+//! row takes up to `T` tokens of its own rest (a shorter rest is padded, a longer one continues
+//! in a later step), and `B` is as many as the largest prefill batch bucket holds, both bounded
+//! by the per-step token budget ([`Scheduler::set_max_prefill_tokens`]): the entry's `B x T`,
+//! padding included, since a padded token costs what a real one does in a rectangular entry.
+//! A step always makes progress: the smallest prefill entry runs even when it alone is over the
+//! budget.
+//!
+//! Prefill and decode are mixed by alternating steps, not by a mixed entry that carries decode
+//! rows as one-token rows of a prefill entry: in an entry of `T` tokens per row a decode row
+//! costs `T` tokens, so a mixed step of `b` decode rows beside a prompt chunk costs `b x T`
+//! more than the prompt alone, where the separate decode step costs `b` tokens (and runs on
+//! the decode entries the engine has measured); alternating bounds a running stream's wait
+//! between tokens by one decode step plus one prefill step, and the token budget bounds that
+//! prefill step (docs/benchmarks.md measures it). A waiting sequence is admitted when the
 //! pages its tokens need are free (counting what admitted, not yet prefilled sequences still
 //! need, and the pages parked sequences can give back) and the running set is under the largest
 //! decode batch. When a sequence needs a page and none is free, the oldest parked sequence is
@@ -30,6 +45,9 @@
 //! evicted) first takes the longest cached run of its blocks, shared (reference-counted), and
 //! is prefilled from the first uncached position; the block holding its last token is always
 //! computed, so that its step returns that token's logits and no shared page is ever written.
+//! A sequence whose first uncached block another running sequence is about to compute (prompts
+//! with one system prompt arriving together) sits out the prefill steps until that block is
+//! registered, so that prompts prefilled together compute a shared prefix once.
 //! A parked sequence keeps its pages as before; its full blocks are registered like any
 //! other's, so another request with the same history shares them while it is parked, and once
 //! it is evicted its cached blocks stay in the pool's eviction order, so resuming it may find
@@ -246,7 +264,16 @@ pub struct Scheduler {
     /// The root of the prefix cache's hash chains; `None` turns the cache off.
     prefix_root: Option<BlockHash>,
     prefix_stats: PrefixCacheStats,
+    /// The most tokens (entry batch x chunk) one prefill step computes.
+    max_prefill_tokens: usize,
+    /// Sequences that sit out this step's prefill, waiting for a block another computes.
+    deferred: HashSet<Slot>,
 }
+
+/// The default per-step prefill token budget: four of the default 128-token chunks, so that a
+/// prefill step packs a few prompts while a running stream waits for at most one such step
+/// between its tokens.
+pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 512;
 
 impl Scheduler {
     /// A scheduler over a model's ladder and pool.
@@ -269,7 +296,21 @@ impl Scheduler {
             buckets: DecodeBuckets::default(),
             prefix_root: None,
             prefix_stats: PrefixCacheStats::default(),
+            max_prefill_tokens: DEFAULT_MAX_PREFILL_TOKENS,
+            deferred: HashSet::new(),
         })
+    }
+
+    /// Bounds the tokens one prefill step computes: its entry's batch times its chunk, padding
+    /// included (default [`DEFAULT_MAX_PREFILL_TOKENS`]). The smallest prefill entry runs even
+    /// when it alone is over the budget, so that prompts always make progress.
+    pub fn set_max_prefill_tokens(&mut self, tokens: usize) {
+        self.max_prefill_tokens = tokens.max(1);
+    }
+
+    /// The per-step prefill token budget.
+    pub fn max_prefill_tokens(&self) -> usize {
+        self.max_prefill_tokens
     }
 
     /// Turns automatic prefix caching on, for the model whose K/V is identified by `identity`
@@ -463,7 +504,10 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Result<Option<ScheduledStep>, Unschedulable> {
         self.admit();
         self.attach_cached_prefixes();
-        let has_prefill = self.running.iter().any(|&s| self.seq(s).remaining() > 1);
+        let has_prefill = self
+            .running
+            .iter()
+            .any(|&s| self.seq(s).remaining() > 1 && !self.deferred.contains(&s));
         let has_decode = self.running.iter().any(|&s| self.seq(s).remaining() == 1);
         let step = if has_prefill && (!self.last_was_prefill || !has_decode) {
             self.last_was_prefill = true;
@@ -636,26 +680,42 @@ impl Scheduler {
     /// blocks, once per time their K/V is dropped. A hit can leave a sequence with one token
     /// left, making it a decode row and bringing the next one in line, so this repeats until
     /// every sequence in line was looked up.
+    ///
+    /// A sequence whose first uncached block is one that another running sequence is about to
+    /// compute (the same hash, not registered yet: prompts with the same system prompt that
+    /// arrive together) is deferred instead: it sits out this step's prefill and is looked up
+    /// again at the next, so that the block is computed once and then shared, as it is when
+    /// prompts are prefilled one at a time.
     fn attach_cached_prefixes(&mut self) {
+        self.deferred.clear();
         let Some(root) = self.prefix_root else {
             return;
         };
         let in_line = self.shape.ladder.max_prefill_batch();
         let block_size = self.pool.block_size();
+        // Blocks that sequences already looked up will compute and register.
+        let mut pending: HashSet<BlockHash> = self
+            .running
+            .iter()
+            .map(|&s| self.seq(s))
+            .filter(|s| s.prefix_checked)
+            .flat_map(|s| s.block_hashes.get(s.registered..).unwrap_or_default())
+            .copied()
+            .collect();
         loop {
             let next = self
                 .running
                 .iter()
                 .copied()
-                .filter(|&s| self.seq(s).remaining() > 1)
+                .filter(|&s| self.seq(s).remaining() > 1 && !self.deferred.contains(&s))
                 .take(in_line)
                 .find(|&s| !self.seq(s).prefix_checked);
             let Some(slot) = next else {
                 return;
             };
             let seq = self.slots[slot.0].as_mut().expect("a live slot");
-            seq.prefix_checked = true;
             if seq.computed > 0 {
+                seq.prefix_checked = true;
                 continue; // a continued sequence with its K/V still in its pages
             }
             debug_assert!(seq.pages.is_empty(), "no K/V but pages held");
@@ -663,6 +723,15 @@ impl Scheduler {
             extend_hashes(&root, &mut seq.block_hashes, &seq.tokens, block_size);
             let usable = ((seq.tokens.len() - 1) / block_size).min(seq.block_hashes.len());
             let pages = self.pool.lookup(&seq.block_hashes[..usable]);
+            if seq.block_hashes[..usable]
+                .get(pages.len())
+                .is_some_and(|miss| pending.contains(miss))
+            {
+                self.deferred.insert(slot);
+                continue;
+            }
+            seq.prefix_checked = true;
+            pending.extend(seq.block_hashes.get(pages.len()..).unwrap_or_default());
             for &page in &pages {
                 self.pool.acquire(page);
             }
@@ -822,14 +891,17 @@ impl Scheduler {
     }
 
     fn schedule_prefill(&mut self) -> Result<Option<ScheduledStep>, (LadderError, Vec<Slot>)> {
-        let mut slots: Vec<Slot> = self
+        let candidates: Vec<Slot> = self
             .running
             .iter()
             .copied()
-            .filter(|&s| self.seq(s).remaining() > 1)
+            .filter(|&s| self.seq(s).remaining() > 1 && !self.deferred.contains(&s))
             .take(self.shape.ladder.max_prefill_batch())
             .collect();
-        let chunk = self.shape.ladder.chunk_for(self.seq(slots[0]).remaining());
+        let (rows, chunk) =
+            self.prefill_shape(self.seq(candidates[0]).remaining(), candidates.len());
+        let mut slots = candidates;
+        slots.truncate(rows);
         loop {
             let context = slots
                 .iter()
@@ -880,6 +952,34 @@ impl Scheduler {
         Ok(Some(self.build(entry, plans)))
     }
 
+    /// The rows and chunk of a prefill step whose oldest row has `oldest_remaining` tokens
+    /// left and for which `candidates` rows are in line: the chunk the oldest needs, the
+    /// largest within the budget when that one is over it; then as many rows as the budget
+    /// holds at that chunk, counting the batch bucket they round up to (at least one row of the
+    /// smallest chunk, whatever the budget).
+    fn prefill_shape(&self, oldest_remaining: usize, candidates: usize) -> (usize, usize) {
+        let ladder = &self.shape.ladder;
+        let budget = self.max_prefill_tokens;
+        let smallest_batch = ladder.prefill_batch_for(1);
+        let wanted = ladder.chunk_for(oldest_remaining);
+        let chunk = if smallest_batch * wanted <= budget {
+            wanted
+        } else {
+            ladder
+                .prefill_chunks
+                .iter()
+                .copied()
+                .rev()
+                .find(|&c| smallest_batch * c <= budget)
+                .unwrap_or_else(|| ladder.prefill_chunks[0])
+        };
+        let rows = (1..=candidates)
+            .rev()
+            .find(|&n| ladder.prefill_batch_for(n) * chunk <= budget)
+            .unwrap_or(1);
+        (rows, chunk)
+    }
+
     /// The prefill entry for `rows` rows of at most `chunk` tokens (a chunk the ladder has,
     /// from [`Ladder::chunk_for`]) whose longest ends at `context`. A row of fewer tokens than
     /// the chunk rounds up to that same chunk: the chunk is the smallest that holds them.
@@ -889,15 +989,10 @@ impl Scheduler {
         chunk: usize,
         context: usize,
     ) -> Result<LadderPoint, LadderError> {
-        let ladder = &self.shape.ladder;
-        if rows > ladder.max_prefill_batch() {
-            return Err(LadderError::BatchTooLarge {
-                requested: rows,
-                max: ladder.max_prefill_batch(),
-            });
-        }
         // A chunk's real tokens never outnumber the context they end at.
-        ladder.prefill_entry(chunk.min(context), context)
+        self.shape
+            .ladder
+            .prefill_batch_entry(rows, chunk.min(context), context)
     }
 
     /// Lays out the inputs of `entry` for `rows`; rows past them are dead.

@@ -16,8 +16,8 @@ use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::{
-    CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest, LoadOptions,
-    SamplingParams, TokenEvent,
+    CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
+    GenerateResult, LoadOptions, SamplingParams, TokenEvent,
 };
 
 fn workspace_root() -> PathBuf {
@@ -556,6 +556,7 @@ fn a_prefix_cache_hit_changes_neither_the_ids_nor_the_logprobs() {
             &plugin,
             EngineOptions {
                 prefix_cache: false,
+                ..EngineOptions::default()
             },
         );
         let uncached: Vec<_> = prompts
@@ -565,7 +566,7 @@ fn a_prefix_cache_hit_changes_neither_the_ids_nor_the_logprobs() {
         assert_eq!(plain.stats().prefix_cache.hits, 0);
         shut_down_empty(plain, "after the uncached runs");
 
-        let engine = load_with(tiny(), &plugin, EngineOptions { prefix_cache: true });
+        let engine = load_with(tiny(), &plugin, EngineOptions::default());
         let cached: Vec<_> = prompts
             .iter()
             .map(|p| engine.generate_blocking(request(p)).unwrap())
@@ -576,43 +577,114 @@ fn a_prefix_cache_hit_changes_neither_the_ids_nor_the_logprobs() {
         shut_down_empty(engine, "after the cached runs");
 
         for (i, (want, got)) in uncached.iter().zip(&cached).enumerate() {
-            let what = format!("prompt {i} on {}", plugin.display());
-            // Ids up to the first step where the top two are too close for float order.
-            let comparable = want
-                .top_logprobs
-                .iter()
-                .position(|top| top.len() < 2 || top[0].1 - top[1].1 < 1e-3)
-                .unwrap_or(want.token_ids.len());
-            assert!(comparable > 0, "{what}: no step to compare");
-            assert_eq!(
-                got.token_ids[..comparable],
-                want.token_ids[..comparable],
-                "{what}"
+            assert_same_run(want, got, &format!("prompt {i} on {}", plugin.display()));
+        }
+    }
+}
+
+/// Two runs of one prompt on one artifact and plugin that differ only in how its K/V was
+/// computed (in other chunks, with other rows): the same ids up to the first step whose top
+/// two are too close for float order, and logprobs within [`LOGPROB_REL_TOL`].
+fn assert_same_run(want: &GenerateResult, got: &GenerateResult, what: &str) {
+    // Ids up to the first step where the top two are too close for float order.
+    let comparable = want
+        .top_logprobs
+        .iter()
+        .position(|top| top.len() < 2 || top[0].1 - top[1].1 < 1e-3)
+        .unwrap_or(want.token_ids.len());
+    assert!(comparable > 0, "{what}: no step to compare");
+    assert_eq!(
+        got.token_ids[..comparable],
+        want.token_ids[..comparable],
+        "{what}"
+    );
+    for (k, (w, g)) in want.logprobs[..comparable]
+        .iter()
+        .zip(&got.logprobs[..comparable])
+        .enumerate()
+    {
+        let (w, g) = (w.expect("asked for"), g.expect("asked for"));
+        assert!(
+            (w - g).abs() <= LOGPROB_REL_TOL * w.abs().max(1.0),
+            "{what}: step {k} logprob {g} vs {w}"
+        );
+    }
+    for (k, (w, g)) in want.top_logprobs[..comparable]
+        .iter()
+        .zip(&got.top_logprobs[..comparable])
+        .enumerate()
+    {
+        for ((wt, wl), (gt, gl)) in w.iter().zip(g) {
+            assert_eq!(wt, gt, "{what}: step {k} top tokens");
+            assert!(
+                (wl - gl).abs() <= LOGPROB_REL_TOL * wl.abs().max(1.0),
+                "{what}: step {k} top logprob {gl} vs {wl}"
             );
-            for (k, (w, g)) in want.logprobs[..comparable]
+        }
+    }
+}
+
+/// The tiny Llama with prefill entries of 1 and 4 prompts, chunks of 16 and 32.
+fn tiny_prefill_batches() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let ladder = LadderOptions {
+            prefill_batch_buckets: vec![1, 4],
+            ..LadderOptions::full_pool(8, 128, 16, vec![16, 32])
+        };
+        export_once(&tiny_fixture(), "e2e-tiny-prefill-batches", ladder)
+    })
+}
+
+#[test]
+fn prompts_prefilled_together_match_each_prompt_prefilled_alone() {
+    // Lengths that need different chunks: 5 and 12 fit one 16-token chunk, 20 one 32-token
+    // chunk, 40 two chunks; the oldest in line decides the chunk of a shared step.
+    let prompt = |len: u32, salt: u32| -> Vec<u32> {
+        (0..len)
+            .map(|k| ((k * 37 + salt * 101) % 500) + 3)
+            .collect()
+    };
+    let prompts = [prompt(5, 1), prompt(20, 2), prompt(40, 3), prompt(12, 4)];
+    let request = |p: &Vec<u32>| GenerateRequest {
+        logprobs: Some(2),
+        ..greedy(p.clone(), 10)
+    };
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let engine = load_with(
+            tiny_prefill_batches(),
+            &plugin,
+            EngineOptions {
+                prefix_cache: false,
+                ..EngineOptions::default()
+            },
+        );
+        let alone: Vec<_> = prompts
+            .iter()
+            .map(|p| engine.generate_blocking(request(p)).unwrap())
+            .collect();
+        let before = engine.stats().steps;
+        assert_eq!(
+            before.prefill_rows, before.prefill_steps,
+            "alone: one row a step"
+        );
+        let together: Vec<GenerateResult> = std::thread::scope(|scope| {
+            let runs: Vec<_> = prompts
                 .iter()
-                .zip(&got.logprobs[..comparable])
-                .enumerate()
-            {
-                let (w, g) = (w.expect("asked for"), g.expect("asked for"));
-                assert!(
-                    (w - g).abs() <= LOGPROB_REL_TOL * w.abs().max(1.0),
-                    "{what}: step {k} logprob {g} vs {w} without the cache"
-                );
-            }
-            for (k, (w, g)) in want.top_logprobs[..comparable]
-                .iter()
-                .zip(&got.top_logprobs[..comparable])
-                .enumerate()
-            {
-                for ((wt, wl), (gt, gl)) in w.iter().zip(g) {
-                    assert_eq!(wt, gt, "{what}: step {k} top tokens");
-                    assert!(
-                        (wl - gl).abs() <= LOGPROB_REL_TOL * wl.abs().max(1.0),
-                        "{what}: step {k} top logprob {gl} vs {wl}"
-                    );
-                }
-            }
+                .map(|p| scope.spawn(|| engine.generate_blocking(request(p)).unwrap()))
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let after = engine.stats().steps;
+        assert!(
+            after.prefill_rows - before.prefill_rows > after.prefill_steps - before.prefill_steps,
+            "{}: no prompts prefilled together: {after:?}",
+            plugin.display()
+        );
+        shut_down_empty(engine, "after the batched prefills");
+        for (i, (want, got)) in alone.iter().zip(&together).enumerate() {
+            assert_same_run(want, got, &format!("prompt {i} on {}", plugin.display()));
         }
     }
 }

@@ -23,6 +23,7 @@ pub fn ladder() -> Ladder {
         batch_buckets: vec![1, 2],
         context_buckets: vec![16, 32],
         prefill_chunks: vec![8, 16],
+        prefill_batch_buckets: vec![1],
     }
 }
 
@@ -68,6 +69,11 @@ pub struct Written {
 
 /// Writes the fixture artifact into `dir` (which must be empty or missing).
 pub fn write(dir: &Path) -> Written {
+    write_with(dir, ladder())
+}
+
+/// Writes the fixture artifact over `ladder` (one entry per point) into `dir`.
+pub fn write_with(dir: &Path, ladder: Ladder) -> Written {
     let mut writer = ArtifactWriter::create(dir).expect("create writer");
     let weight_specs: [(&str, Vec<usize>, f32); 3] = [
         ("embed_tokens", vec![10, 4], 0.5),
@@ -89,7 +95,6 @@ pub fn write(dir: &Path) -> Written {
         .write_tokenizer_file("tokenizer.json", TOKENIZER_JSON)
         .expect("write tokenizer");
 
-    let ladder = ladder();
     let mut manifest = Manifest {
         format_version: FORMAT_VERSION,
         model: model(),

@@ -105,12 +105,14 @@ impl FakeModel {
 }
 
 /// The buckets of a ladder (its block size comes with the model): decode at each batch,
-/// prefill at batch 1 for each chunk, every context.
+/// prefill at each prefill batch (1 unless [`Grid::prefill_batches`] says) for each chunk,
+/// every context.
 #[derive(Debug, Clone)]
 pub struct Grid {
     batches: Vec<usize>,
     chunks: Vec<usize>,
     contexts: Vec<usize>,
+    prefill_batches: Vec<usize>,
 }
 
 pub fn grid(batches: &[usize], chunks: &[usize], contexts: &[usize]) -> Grid {
@@ -118,10 +120,17 @@ pub fn grid(batches: &[usize], chunks: &[usize], contexts: &[usize]) -> Grid {
         batches: batches.to_vec(),
         chunks: chunks.to_vec(),
         contexts: contexts.to_vec(),
+        prefill_batches: vec![1],
     }
 }
 
 impl Grid {
+    /// The same grid whose prefill entries take `batches` prompts.
+    pub fn prefill_batches(mut self, batches: &[usize]) -> Self {
+        self.prefill_batches = batches.to_vec();
+        self
+    }
+
     pub fn ladder(&self, block_size: usize) -> Ladder {
         let ladder = Ladder {
             max_batch: *self.batches.last().expect("a batch bucket"),
@@ -130,6 +139,7 @@ impl Grid {
             batch_buckets: self.batches.clone(),
             context_buckets: self.contexts.clone(),
             prefill_chunks: self.chunks.clone(),
+            prefill_batch_buckets: self.prefill_batches.clone(),
         };
         ladder.validate().expect("a valid test ladder");
         ladder

@@ -5,6 +5,7 @@ mod engine_runs;
 mod fake;
 mod model_runs;
 mod parked;
+mod prefill_batches;
 mod prefix;
 mod scheduler_steps;
 mod shipped_executables;

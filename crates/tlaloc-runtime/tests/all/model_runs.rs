@@ -317,3 +317,34 @@ fn a_warm_compile_cache_does_not_hide_a_tampered_body() {
         "{message}"
     );
 }
+
+#[test]
+fn prompts_prefilled_together_match_the_reference_on_every_plugin() {
+    // Prefill entries of 1, 2 and 4 prompts, chunks 4 and 8: eight prompts of 1 to 15 tokens
+    // share prefill steps, rows of different lengths padded inside one chunk, longer ones
+    // continued in the next.
+    let (_tmp, dir) = toy::temp_with(64, &[1, 2, 4]);
+    for plugin in test_plugin_paths() {
+        let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
+        let max_tokens = 6;
+        let streams = submit_greedy(&engine, prompts(), |_| max_tokens);
+        for (n, (p, events)) in prompts().iter().zip(streams).enumerate() {
+            let (ids, _) = try_collect_ids(events)
+                .unwrap_or_else(|m| panic!("{}: prompt {n}: {m}", plugin.display()));
+            assert_eq!(
+                ids,
+                reference_generate(p, max_tokens),
+                "{}: prompt {n}",
+                plugin.display()
+            );
+        }
+        let stats = engine.stats();
+        assert!(
+            stats.steps.prefill_rows > stats.steps.prefill_steps,
+            "{}: no prompts prefilled together: {stats:?}",
+            plugin.display()
+        );
+        assert_eq!(stats.kv_pages_used, 0);
+        engine.shutdown();
+    }
+}

@@ -305,6 +305,7 @@ fn the_engine_caches_by_default_counts_hits_and_can_be_told_not_to() {
             model(),
             EngineOptions {
                 prefix_cache: cache,
+                ..EngineOptions::default()
             },
         )
         .unwrap();

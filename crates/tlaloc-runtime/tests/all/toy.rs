@@ -154,6 +154,19 @@ pub fn temp(num_blocks: usize) -> (tempfile::TempDir, PathBuf) {
 
 /// Writes the toy artifact with a pool of `num_blocks` pages into `dir`.
 pub fn write(dir: &Path, num_blocks: usize) {
+    write_with(dir, num_blocks, &[1]);
+}
+
+/// [`temp`] with prefill entries of each of `prefill_batches` prompts.
+pub fn temp_with(num_blocks: usize, prefill_batches: &[usize]) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("toy");
+    write_with(&dir, num_blocks, prefill_batches);
+    (tmp, dir)
+}
+
+/// [`write`] with prefill entries of each of `prefill_batches` prompts.
+pub fn write_with(dir: &Path, num_blocks: usize, prefill_batches: &[usize]) {
     let mut writer = ArtifactWriter::create(dir).expect("create the toy artifact");
     let scale: Vec<u8> = (0..VOCAB).flat_map(|_| 1.0f32.to_le_bytes()).collect();
     let weight = writer
@@ -166,6 +179,7 @@ pub fn write(dir: &Path, num_blocks: usize) {
         batch_buckets: vec![1, 2, 4],
         context_buckets: vec![16, 32],
         prefill_chunks: vec![4, 8],
+        prefill_batch_buckets: prefill_batches.to_vec(),
     };
     let mut manifest = Manifest {
         format_version: FORMAT_VERSION,

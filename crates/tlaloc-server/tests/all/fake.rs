@@ -111,6 +111,7 @@ pub fn ladder(decode_batches: &[usize]) -> Ladder {
         batch_buckets: decode_batches.to_vec(),
         context_buckets: vec![64, MAX_CONTEXT],
         prefill_chunks: vec![16],
+        prefill_batch_buckets: vec![1],
     }
 }
 

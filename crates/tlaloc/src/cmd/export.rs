@@ -58,6 +58,11 @@ pub struct ExportArgs {
     /// Prefill chunk sizes (repeatable or a comma list).
     #[arg(long, value_delimiter = ',')]
     prefill_chunk: Vec<usize>,
+    /// How many prompts one prefill step takes, ascending (repeatable or a comma list; default
+    /// 1: prompts are prefilled one at a time). Each bucket adds an entry per prefill chunk and
+    /// context; at most --max-batch.
+    #[arg(long, value_delimiter = ',')]
+    prefill_batch_buckets: Vec<usize>,
     /// Decode batch buckets, ascending (default: powers of two up to --max-batch, which
     /// defaults to the largest bucket given here).
     #[arg(long, value_delimiter = ',')]
@@ -116,6 +121,7 @@ impl ExportArgs {
                 block_size,
                 num_blocks,
                 prefill_chunks,
+                prefill_batch_buckets: self.prefill_batch_buckets.clone(),
                 batch_buckets: self.batch_buckets.clone(),
                 context_buckets: self.context_buckets.clone(),
             },
@@ -183,10 +189,11 @@ pub fn run(args: ExportArgs) -> Result<()> {
         human_bytes(summary.weight_bytes)
     );
     println!(
-        "ladder: batch {:?}, context {:?}, prefill chunks {:?}, block size {}, {} blocks",
+        "ladder: batch {:?}, context {:?}, prefill chunks {:?}, prefill batches {:?}, block size {}, {} blocks",
         m.ladder.batch_buckets,
         m.ladder.context_buckets,
         m.ladder.prefill_chunks,
+        m.ladder.prefill_batch_buckets,
         m.kv_cache.block_size,
         m.kv_cache.num_blocks
     );

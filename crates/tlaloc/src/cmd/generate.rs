@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_runtime::{
-    CompileMode, DEFAULT_MAX_DECODE_CHAIN, Engine, EngineHandle, EngineOptions, GenerateRequest,
-    LoadOptions, LoadTimings, SamplingParams, StepTimings, StopParams, TokenEvent,
+    CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle,
+    EngineOptions, GenerateRequest, LoadOptions, LoadTimings, SamplingParams, StepTimings,
+    StopParams, TokenEvent,
 };
 use tlaloc_server::ModelText;
 use tlaloc_server::chat::TemplateMessage;
@@ -51,6 +52,21 @@ pub struct EngineArgs {
     /// Prefill every prompt whole instead of reusing the K/V of a cached prefix.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// The most tokens one prefill step computes (its entry's prompts x chunk, padding
+    /// included): several prompts are prefilled together up to it, and a running stream waits
+    /// for at most one such step between its tokens.
+    #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_TOKENS, value_parser = token_count)]
+    pub max_prefill_tokens: usize,
+}
+
+/// A count of tokens: a whole number, at least 1.
+pub fn token_count(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "`{text}` refused: a whole number of tokens, at least 1"
+        )),
+    }
 }
 
 impl EngineArgs {
@@ -76,6 +92,7 @@ impl EngineArgs {
     pub fn start(&self, compile: CompileMode) -> Result<EngineHandle> {
         let engine = EngineOptions {
             prefix_cache: !self.no_prefix_cache,
+            max_prefill_tokens: self.max_prefill_tokens,
         };
         Engine::load_with_options(self.artifact.clone(), self.load_options(compile), engine)
             .with_context(|| format!("cannot load {} onto a device", self.artifact.display()))

@@ -82,8 +82,11 @@ fn summarize(artifact: &Artifact) -> String {
     let _ = writeln!(out, "  {}", kv_summary(&m.kv_cache));
     let _ = writeln!(
         out,
-        "ladder: batch {:?}, context {:?}, prefill chunks {:?}",
-        m.ladder.batch_buckets, m.ladder.context_buckets, m.ladder.prefill_chunks
+        "ladder: batch {:?}, context {:?}, prefill chunks {:?}, prefill batches {:?}",
+        m.ladder.batch_buckets,
+        m.ladder.context_buckets,
+        m.ladder.prefill_chunks,
+        m.ladder.prefill_batch_buckets
     );
     let _ = writeln!(out, "entries ({}):", m.entries.len());
     for e in &m.entries {

@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// Prefill every prompt whole instead of reusing the K/V of a cached prefix.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// The most tokens one prefill step computes (its entry's prompts x chunk, padding
+    /// included): several prompts are prefilled together up to it, and a running stream waits
+    /// for at most one such step between its tokens.
+    #[arg(long, default_value_t = tlaloc_runtime::DEFAULT_MAX_PREFILL_TOKENS, value_parser = crate::cmd::generate::token_count)]
+    max_prefill_tokens: usize,
     /// How replies are read for tool calls under `tool_choice` `auto`: `hermes` (Qwen, Hermes:
     /// `<tool_call>` blocks), `llama3_json` (Llama 3.1+: bare JSON), `mistral` (`[TOOL_CALLS]`).
     /// Without it `auto` is refused; `required` and a named function are enforced either way.
@@ -132,6 +137,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let dir = artifact.root().to_owned();
     let engine = EngineOptions {
         prefix_cache: !args.no_prefix_cache,
+        max_prefill_tokens: args.max_prefill_tokens,
     };
     let load = move || Engine::load_with_options(dir, options, engine).map_err(|e| e.to_string());
     tlaloc_server::run_blocking(&args.host, args.port, AppState::new(config, text), load)?;
