@@ -1,4 +1,5 @@
-"""Load test: many concurrent streaming completions against `tlaloc serve`.
+"""Load test: many concurrent streaming completions against `tlaloc serve` (or any server with
+tlaloc's or vLLM's /metrics and /tokenize, given by --url).
 
 Every request asks for exactly --max-tokens tokens (`ignore_eos`). Fails (exit 1) on any 5xx or
 transport error, on an accepted request that does not end with that many tokens and
@@ -110,16 +111,35 @@ async def run(url: str, model: str, concurrency: int, max_tokens: int,
                                       for i in range(concurrency)))
 
 
+# What the idle check reads, by server: tlaloc's own metrics, or vLLM's (`vllm serve` running an
+# artifact through the vllm-tlaloc plugin, for the comparison in scripts/bench_vllm_serve.sh).
+PAGES_IN_USE = ("tlaloc:kv_cache_pages_used", "vllm:kv_cache_usage_perc")
+RUNNING = ("tlaloc:num_requests_running", "vllm:num_requests_running")
+
+
+def read_metrics(url: str) -> dict[str, float]:
+    """The server's Prometheus metrics, each summed over its label sets."""
+    m: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            name = name.split("{", 1)[0]
+            m[name] = m.get(name, 0.0) + float(value)
+    return m
+
+
+def first_of(m: dict[str, float], names: tuple[str, ...]) -> float:
+    for name in names:
+        if name in m:
+            return m[name]
+    raise KeyError(f"the server's /metrics has none of {', '.join(names)}")
+
+
 def idle_metrics(url: str, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-        m = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                m[name] = float(value)
-        if (m["tlaloc:kv_cache_pages_used"] == 0 and m["tlaloc:num_requests_running"] == 0) \
+        m = read_metrics(url)
+        if (first_of(m, PAGES_IN_USE) == 0 and first_of(m, RUNNING) == 0) \
                 or time.monotonic() > deadline:
             return m
         time.sleep(0.1)
@@ -176,8 +196,9 @@ def main() -> int:
             failures.append(f"request {i}: {r['tokens']} tokens, finish {r['finish']}")
         elif r["status"] not in (200, 429):
             failures.append(f"request {i}: unexpected status {r['status']}")
-    if metrics["tlaloc:kv_cache_pages_used"] != 0:
-        failures.append(f"{metrics['tlaloc:kv_cache_pages_used']:.0f} K/V pages still held")
+    pages_in_use = first_of(metrics, PAGES_IN_USE)
+    if pages_in_use != 0:
+        failures.append(f"K/V cache still in use afterwards ({pages_in_use:g})")
 
     ttft = [r["ttft"] for r in accepted if r["ttft"] is not None]
     itl = [x for r in accepted for x in r["itl"]]
@@ -188,7 +209,7 @@ def main() -> int:
     print(f"  wall {wall:.2f} s, {tokens / wall:.1f} generated tokens/s")
     print(f"  TTFT p50 {percentile(ttft, 50) * 1e3:.1f} ms, p99 {percentile(ttft, 99) * 1e3:.1f} ms")
     print(f"  ITL  p50 {percentile(itl, 50) * 1e3:.1f} ms, p99 {percentile(itl, 99) * 1e3:.1f} ms")
-    print(f"  K/V pages in use afterwards: {metrics['tlaloc:kv_cache_pages_used']:.0f}")
+    print(f"  K/V pages in use afterwards: {pages_in_use:g}")
     delta = {k: metrics.get(k, 0.0) - before.get(k, 0.0) for k in (
         "tlaloc:prefix_cache_lookups_total", "tlaloc:prefix_cache_lookup_hits_total",
         "tlaloc:prefix_cache_queries_total", "tlaloc:prefix_cache_hits_total")}
