@@ -260,6 +260,7 @@ pub(crate) enum OpKind {
     Select,
     Clamp,
     Convert,
+    OptimizationBarrier,
     BroadcastInDim {
         dimensions: Vec<usize>,
     },
@@ -633,6 +634,13 @@ impl FunctionBuilder {
             }
         }
         Ok(self.push_op1(OpKind::Clamp, vec![min, x, max], t))
+    }
+
+    /// `stablehlo.optimization_barrier` of one value: the same value, which XLA may not fuse
+    /// or move computations across.
+    pub fn optimization_barrier(&mut self, x: Value) -> Result<Value, HloError> {
+        let t = self.check_value("optimization_barrier", x)?.clone();
+        Ok(self.push_op1(OpKind::OptimizationBarrier, vec![x], t))
     }
 
     /// `stablehlo.convert` to another element type.

@@ -888,6 +888,10 @@ fn write_and_read(
         _ => (g.in_pool_dtype(rows)?, None),
     };
     let updated = scatter_slots(g, pool, codes, inputs, &kv.pool_dims())?;
+    // The write's only user: without it XLA CPU's fusion puts the write into both the gather's
+    // fusion and the output's, and copy insertion then copies the whole pool (three times per
+    // step) to keep the two in-place updates apart (docs/benchmarks.md).
+    let updated = g.f.optimization_barrier(updated)?;
     let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads, d])?;
     let pages = g.f.reshape(pages, [b, context, kv_heads, d])?;
     let pages = g.in_attention_dtype(pages)?;
@@ -900,6 +904,7 @@ fn write_and_read(
                 inputs,
                 &[blocks, block_size, kv_heads],
             )?;
+            let updated = g.f.optimization_barrier(updated)?;
             let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads])?;
             let pages = g.f.reshape(pages, [b, context, kv_heads])?;
             (Some(updated), Some(pages))
