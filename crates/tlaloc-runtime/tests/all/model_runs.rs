@@ -6,7 +6,7 @@ use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::scheduler::Scheduler;
 use tlaloc_runtime::{
-    CompileMode, Engine, EntryKind, GenerateRequest, LadderPoint, LoadOptions, Model,
+    CompileMode, Engine, EngineHandle, EntryKind, GenerateRequest, LadderPoint, LoadOptions, Model,
     ModelExecutor, SamplingParams, StepInputs,
 };
 
@@ -34,6 +34,26 @@ fn prompts() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Submits [`prompts`] greedily, prompt `i` for `budget(i)` new tokens, and checks every
+/// stream's ids against the toy reference.
+fn assert_prompts_match_the_reference(
+    engine: &EngineHandle,
+    plugin: &Path,
+    budget: impl Fn(usize) -> usize,
+) {
+    let streams = submit_greedy(engine, prompts(), &budget);
+    for (n, (p, events)) in prompts().iter().zip(streams).enumerate() {
+        let (ids, _) = try_collect_ids(events)
+            .unwrap_or_else(|m| panic!("{}: prompt {n}: {m}", plugin.display()));
+        assert_eq!(
+            ids,
+            reference_generate(p, budget(n)),
+            "{}: prompt {n}",
+            plugin.display()
+        );
+    }
+}
+
 /// Starts an engine on `model` and checks one greedy generation of `prompt` against the
 /// reference.
 fn generates_the_reference(model: Model, prompt: &[u32], max_tokens: usize) {
@@ -53,17 +73,7 @@ fn eight_prompts_batched_and_preempted_match_the_reference_on_every_plugin() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager))
             .unwrap_or_else(|e| panic!("loading the toy artifact on {}: {e}", plugin.display()));
         let max_tokens = 16;
-        let streams = submit_greedy(&engine, prompts(), |_| max_tokens);
-        for (n, (p, events)) in prompts().iter().zip(streams).enumerate() {
-            let (ids, _) = try_collect_ids(events)
-                .unwrap_or_else(|m| panic!("{}: prompt {n}: {m}", plugin.display()));
-            assert_eq!(
-                ids,
-                reference_generate(p, max_tokens),
-                "{}: prompt {n}",
-                plugin.display()
-            );
-        }
+        assert_prompts_match_the_reference(&engine, &plugin, |_| max_tokens);
         let stats = engine.stats();
         assert!(
             stats.preemptions_total > 0,
@@ -266,17 +276,7 @@ fn decode_steps_chained_on_the_device_match_the_reference_on_every_plugin() {
         let engine = Engine::load(&dir, options).unwrap();
         // Budgets that end at different offsets inside a chain of up to eight steps.
         let budget = |i: usize| 2 + 2 * i;
-        let streams = submit_greedy(&engine, prompts(), budget);
-        for ((i, p), rx) in prompts().into_iter().enumerate().zip(streams) {
-            let (ids, _) =
-                try_collect_ids(rx).unwrap_or_else(|m| panic!("{}: {m}", plugin.display()));
-            assert_eq!(
-                ids,
-                reference_generate(&p, budget(i)),
-                "{}",
-                plugin.display()
-            );
-        }
+        assert_prompts_match_the_reference(&engine, &plugin, budget);
         let stats = engine.stats();
         assert!(
             stats.steps.decode_chained_steps > 0,
@@ -327,17 +327,7 @@ fn prompts_prefilled_together_match_the_reference_on_every_plugin() {
     for plugin in test_plugin_paths() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
         let max_tokens = 6;
-        let streams = submit_greedy(&engine, prompts(), |_| max_tokens);
-        for (n, (p, events)) in prompts().iter().zip(streams).enumerate() {
-            let (ids, _) = try_collect_ids(events)
-                .unwrap_or_else(|m| panic!("{}: prompt {n}: {m}", plugin.display()));
-            assert_eq!(
-                ids,
-                reference_generate(p, max_tokens),
-                "{}: prompt {n}",
-                plugin.display()
-            );
-        }
+        assert_prompts_match_the_reference(&engine, &plugin, |_| max_tokens);
         let stats = engine.stats();
         assert!(
             stats.steps.prefill_rows > stats.steps.prefill_steps,

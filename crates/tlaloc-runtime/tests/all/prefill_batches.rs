@@ -78,6 +78,30 @@ fn check_dead_rows(step: &ScheduledStep) {
     }
 }
 
+/// Queues `prompts` as greedy requests of `max_new` tokens, request `i` for prompt `i`.
+fn add_greedy(s: &mut Scheduler, prompts: &[Vec<u32>], max_new: usize) {
+    for (i, p) in prompts.iter().enumerate() {
+        s.add(i as u64, GenerateRequest::greedy(p.clone(), max_new))
+            .unwrap();
+    }
+}
+
+/// Every request `i` of [`add_greedy`] produced the reference's `max_new` tokens for prompt `i`.
+fn assert_each_matches_the_reference(
+    out: &HashMap<u64, Vec<u32>>,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    context: &str,
+) {
+    for (i, p) in prompts.iter().enumerate() {
+        assert_eq!(
+            out[&(i as u64)],
+            reference_generate(p, max_new, &[]),
+            "{context} prompt {i}"
+        );
+    }
+}
+
 fn prefill_steps(steps: &[ScheduledStep]) -> impl Iterator<Item = &ScheduledStep> {
     steps.iter().filter(|s| s.entry.kind == EntryKind::Prefill)
 }
@@ -89,10 +113,7 @@ fn prompts_in_line_are_prefilled_together_and_match_each_prompt_alone() {
     let prompts = [tokens(3, 1), tokens(6, 2), tokens(13, 3)];
     let mut model = model();
     let mut s = Scheduler::new(model.shape()).unwrap();
-    for (i, p) in prompts.iter().enumerate() {
-        s.add(i as u64, GenerateRequest::greedy(p.clone(), 5))
-            .unwrap();
-    }
+    add_greedy(&mut s, &prompts, 5);
     let (steps, out) = run_all(&mut s, &mut model);
     let first = &steps[0];
     assert_eq!(first.entry.kind, EntryKind::Prefill);
@@ -145,18 +166,9 @@ fn a_mix_of_lengths_that_need_different_chunks_is_packed_and_every_row_ends_righ
         .collect();
     let mut model = model();
     let mut s = Scheduler::new(model.shape()).unwrap();
-    for (i, p) in prompts.iter().enumerate() {
-        s.add(i as u64, GenerateRequest::greedy(p.clone(), 3))
-            .unwrap();
-    }
+    add_greedy(&mut s, &prompts, 3);
     let (steps, out) = run_all(&mut s, &mut model);
-    for (i, p) in prompts.iter().enumerate() {
-        assert_eq!(
-            out[&(i as u64)],
-            reference_generate(p, 3, &[]),
-            "prompt {i}"
-        );
-    }
+    assert_each_matches_the_reference(&out, &prompts, 3, "");
     let shapes: std::collections::BTreeSet<(usize, usize)> = prefill_steps(&steps)
         .map(|s| (s.entry.batch, s.entry.tokens))
         .collect();
@@ -186,18 +198,9 @@ fn the_token_budget_bounds_every_prefill_step_and_the_smallest_entry_always_runs
         let mut model = model();
         let mut s = Scheduler::new(model.shape()).unwrap();
         s.set_max_prefill_tokens(budget);
-        for (i, p) in prompts.iter().enumerate() {
-            s.add(i as u64, GenerateRequest::greedy(p.clone(), 2))
-                .unwrap();
-        }
+        add_greedy(&mut s, &prompts, 2);
         let (steps, out) = run_all(&mut s, &mut model);
-        for (i, p) in prompts.iter().enumerate() {
-            assert_eq!(
-                out[&(i as u64)],
-                reference_generate(p, 2, &[]),
-                "budget {budget}"
-            );
-        }
+        assert_each_matches_the_reference(&out, &prompts, 2, &format!("budget {budget}"));
         let largest = prefill_steps(&steps)
             .map(|s| s.entry.batch * s.entry.tokens)
             .max()
@@ -321,18 +324,9 @@ fn prompts_that_arrive_together_with_a_shared_prefix_compute_it_once() {
         [shared.clone(), tokens(3, 61)].concat(),
         [shared.clone(), tokens(4, 62)].concat(),
     ];
-    for (i, p) in prompts.iter().enumerate() {
-        s.add(i as u64, GenerateRequest::greedy(p.clone(), 3))
-            .unwrap();
-    }
+    add_greedy(&mut s, &prompts, 3);
     let (steps, out) = run_all(&mut s, &mut model);
-    for (i, p) in prompts.iter().enumerate() {
-        assert_eq!(
-            out[&(i as u64)],
-            reference_generate(p, 3, &[]),
-            "prompt {i}"
-        );
-    }
+    assert_each_matches_the_reference(&out, &prompts, 3, "");
     let prefilled = |id: u64| -> usize {
         prefill_steps(&steps)
             .flat_map(|s| &s.rows)
