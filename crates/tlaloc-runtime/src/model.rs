@@ -71,9 +71,12 @@ pub struct LoadOptions {
     /// Use the executables shipped in the artifact whose identity matches this plugin and
     /// device (false compiles every entry, as for an artifact that ships none).
     pub artifact_executables: bool,
-    /// For GPU plugins: the fraction of device memory the allocator may use (plugin default
-    /// when `None`); memory is never preallocated.
-    pub gpu_memory_fraction: Option<f32>,
+    /// For GPU plugins: the allocator's create options. The default reserves nothing up front
+    /// (a process takes only what it uses) and leaves the fraction and allocator kind to the
+    /// plugin; `preallocate` reserves `memory_fraction` of the device in one allocation at
+    /// client creation, so the weights and pools that follow do not grow the allocator piece
+    /// by piece.
+    pub gpu: GpuOptions,
     /// The most decode steps the engine may chain on the device without reading tokens back
     /// in between (see [`ModelExecutor::decode_chain`]); 1 reads every step's tokens.
     pub max_decode_chain: usize,
@@ -93,7 +96,7 @@ impl Default for LoadOptions {
             compile: CompileMode::Eager,
             compile_cache: Some(CompileCache::default_dir()),
             artifact_executables: true,
-            gpu_memory_fraction: None,
+            gpu: GpuOptions::default(),
             max_decode_chain: DEFAULT_MAX_DECODE_CHAIN,
             decode_chain_window: crate::executor::DECODE_CHAIN_WINDOW,
         }
@@ -250,17 +253,13 @@ struct OpenedClient {
     platform: Platform,
 }
 
-/// Finds and loads the plugin and creates its client (GPU clients never preallocate).
+/// Finds and loads the plugin and creates its client (GPU clients with `options.gpu`).
 fn open_client(options: &LoadOptions) -> Result<OpenedClient, LoadError> {
     let found = discovery::find(&options.plugin)?;
     let plugin = Plugin::load(&found.path)
         .map_err(pjrt(format!("loading plugin {}", found.path.display())))?;
     let client_options = if found.kind.is_gpu() {
-        ClientOptions::gpu(GpuOptions {
-            preallocate: false,
-            memory_fraction: options.gpu_memory_fraction,
-            allocator: None,
-        })
+        ClientOptions::gpu(options.gpu)
     } else {
         ClientOptions::for_platform_hint(&found.path.to_string_lossy())
     };

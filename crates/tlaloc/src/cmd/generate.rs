@@ -15,6 +15,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
+use tlaloc_pjrt::{GpuAllocator, GpuOptions};
 use tlaloc_runtime::{
     CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle,
     EngineOptions, GenerateRequest, LoadOptions, LoadTimings, SamplingParams, StepTimings,
@@ -57,6 +58,60 @@ pub struct EngineArgs {
     /// for at most one such step between its tokens.
     #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_TOKENS, value_parser = token_count)]
     pub max_prefill_tokens: usize,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+}
+
+/// Device memory options of GPU plugins (ignored by CPU plugins).
+#[derive(Debug, Args)]
+pub struct GpuArgs {
+    /// The fraction of the GPU's memory the allocator may use, in (0, 1] (plugin default: 0.75).
+    #[arg(long, value_parser = memory_fraction)]
+    pub gpu_memory_fraction: Option<f32>,
+    /// Reserve the memory fraction in one allocation when the client starts, instead of growing
+    /// the allocator as weights and pools arrive (faster start; the process holds the whole
+    /// fraction from the start).
+    #[arg(long)]
+    pub gpu_preallocate: bool,
+    /// The GPU plugin's device allocator (plugin default: bfc).
+    #[arg(long, value_enum)]
+    pub gpu_allocator: Option<GpuAllocatorArg>,
+}
+
+/// The `--gpu-allocator` choices, by the plugin's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GpuAllocatorArg {
+    /// XLA's best-fit-with-coalescing pool allocator.
+    Bfc,
+    /// CUDA's stream-ordered allocator (`cudaMallocAsync`).
+    CudaAsync,
+    /// The platform's allocator, one device allocation per buffer.
+    Platform,
+}
+
+impl GpuArgs {
+    /// The client's GPU create options these arguments ask for.
+    pub fn options(&self) -> GpuOptions {
+        GpuOptions {
+            preallocate: self.gpu_preallocate,
+            memory_fraction: self.gpu_memory_fraction,
+            allocator: self.gpu_allocator.map(|a| match a {
+                GpuAllocatorArg::Bfc => GpuAllocator::Bfc,
+                GpuAllocatorArg::CudaAsync => GpuAllocator::CudaAsync,
+                GpuAllocatorArg::Platform => GpuAllocator::Platform,
+            }),
+        }
+    }
+}
+
+/// A fraction of device memory: a number in (0, 1].
+fn memory_fraction(text: &str) -> Result<f32, String> {
+    match text.trim().parse::<f32>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!(
+            "`{text}` refused: a fraction of the device's memory, greater than 0 and at most 1"
+        )),
+    }
 }
 
 /// A count of tokens: a whole number, at least 1.
@@ -84,6 +139,7 @@ impl EngineArgs {
             },
             max_decode_chain: self.max_decode_chain,
             artifact_executables: !self.no_artifact_executables,
+            gpu: self.gpu.options(),
             ..defaults
         }
     }
@@ -424,4 +480,37 @@ fn stream(
         }
     }
     bail!("the engine stopped before the request finished")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_fraction_outside_zero_to_one_is_refused_by_name() {
+        assert_eq!(memory_fraction("0.45"), Ok(0.45));
+        assert_eq!(memory_fraction("1"), Ok(1.0));
+        for bad in ["0", "-0.2", "1.5", "half", "NaN"] {
+            let refusal = memory_fraction(bad).unwrap_err();
+            assert!(refusal.contains(bad), "{refusal}");
+            assert!(refusal.contains("at most 1"), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn gpu_arguments_become_the_clients_create_options() {
+        let args = GpuArgs {
+            gpu_memory_fraction: Some(0.5),
+            gpu_preallocate: true,
+            gpu_allocator: Some(GpuAllocatorArg::CudaAsync),
+        };
+        assert_eq!(
+            args.options(),
+            GpuOptions {
+                preallocate: true,
+                memory_fraction: Some(0.5),
+                allocator: Some(GpuAllocator::CudaAsync),
+            }
+        );
+    }
 }

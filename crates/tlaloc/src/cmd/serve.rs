@@ -59,6 +59,8 @@ pub struct ServeArgs {
     /// every step's tokens.
     #[arg(long, default_value_t = tlaloc_runtime::DEFAULT_MAX_DECODE_CHAIN)]
     max_decode_chain: usize,
+    #[command(flatten)]
+    gpu: crate::cmd::generate::GpuArgs,
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     verify: bool,
@@ -132,6 +134,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             CompileMode::Eager
         },
         max_decode_chain: args.max_decode_chain,
+        gpu: args.gpu.options(),
         ..LoadOptions::default()
     };
     let dir = artifact.root().to_owned();
