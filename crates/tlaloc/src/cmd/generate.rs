@@ -69,8 +69,8 @@ pub struct GpuArgs {
     #[arg(long, value_parser = memory_fraction)]
     pub gpu_memory_fraction: Option<f32>,
     /// Reserve the memory fraction in one allocation when the client starts, instead of growing
-    /// the allocator as weights and pools arrive (faster start; the process holds the whole
-    /// fraction from the start).
+    /// the allocator as weights and pools arrive (the process holds the whole fraction from the
+    /// start; on the H200 this made start-up slower, not faster: docs/benchmarks.md).
     #[arg(long)]
     pub gpu_preallocate: bool,
     /// The GPU plugin's device allocator (plugin default: bfc).
