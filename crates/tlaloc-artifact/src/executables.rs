@@ -6,7 +6,9 @@
 //! compiler flags, compile options); a loader uses the set whose identity equals its own and
 //! compiles everything else. Each executable is stored once under its sha256
 //! (`executables/<sha256>.bin`, as bodies are) and listed per entry together with the body it
-//! was compiled from, so an executable is never used for an entry whose body changed.
+//! was compiled from, so an executable is never used for an entry whose body changed. An entry
+//! with body variants may have one executable per body (the portable one and each variant the
+//! plugin compiled); the loader takes the one of the body it chose.
 //!
 //! The section is optional and absent from an exported artifact, so an artifact without it
 //! reads and writes exactly as before; a reader older than the section refuses one that has it
@@ -118,7 +120,8 @@ pub struct ExecutableSet {
 pub struct ExecutableEntry {
     /// The entry name.
     pub entry: String,
-    /// The body it was compiled from: `bodies/<sha256>.mlir`, equal to the entry's body.
+    /// The body it was compiled from: `bodies/<sha256>.mlir`, the entry's portable body or
+    /// one of its variants'.
     pub body: String,
     /// `executables/<sha256>.bin`
     pub file: String,
@@ -133,8 +136,8 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ArtifactError
 }
 
 /// The manifest checks of the section: identities distinct and well formed, every executable
-/// naming a known entry at most once per set, with that entry's body, at a content-addressed
-/// path.
+/// naming a known entry and one of its bodies, each (entry, body) at most once per set, at a
+/// content-addressed path.
 pub(crate) fn validate(manifest: &Manifest) -> Result<(), ArtifactError> {
     let mut identities = BTreeSet::new();
     for (s, set) in manifest.executables.iter().enumerate() {
@@ -150,15 +153,20 @@ pub(crate) fn validate(manifest: &Manifest) -> Result<(), ArtifactError> {
             let entry = manifest
                 .entry(&e.entry)
                 .ok_or_else(|| invalid(&field, "names no entry of the manifest"))?;
-            if !names.insert(e.entry.as_str()) {
-                return Err(invalid(field, "entry appears twice in one set"));
+            if !names.insert((e.entry.as_str(), e.body.as_str())) {
+                return Err(invalid(
+                    field,
+                    "entry and body appear twice in one set",
+                ));
             }
-            if e.body != entry.body {
+            if !entry.bodies().any(|body| body == e.body) {
+                let bodies: Vec<&str> = entry.bodies().collect();
                 return Err(invalid(
                     format!("{field}.body"),
                     format!(
-                        "{:?} is not the entry's body {:?}; compile the artifact again",
-                        e.body, entry.body
+                        "{:?} is not a body of the entry ({}); compile the artifact again",
+                        e.body,
+                        bodies.join(", ")
                     ),
                 ));
             }
@@ -208,12 +216,12 @@ pub struct AddedExecutables {
 /// order, so the same inputs give the same bytes), removes executable files no set names any
 /// more and the signature of the old manifest, and reopens the artifact.
 ///
-/// `executables` maps entry names to serialized executables; every entry of the manifest must
-/// be present.
+/// `executables` lists `(entry name, body, serialized executable)`: every entry of the
+/// manifest must have at least one, each body one of the entry's.
 pub fn add_executables(
     artifact: &Artifact,
     identity: CompilerIdentity,
-    executables: &[(String, Vec<u8>)],
+    executables: &[(String, String, Vec<u8>)],
 ) -> Result<AddedExecutables, ArtifactError> {
     let root = artifact.root();
     let mut manifest = artifact.manifest().clone();
@@ -223,30 +231,48 @@ pub fn add_executables(
     let dir = root.join(paths::EXECUTABLES_DIR);
     std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
     for entry in &manifest.entries {
-        let (_, bytes) = executables
-            .iter()
-            .find(|(name, _)| *name == entry.name)
-            .ok_or_else(|| {
-                invalid(
-                    "executables",
-                    format!("no executable given for entry {}", entry.name),
-                )
-            })?;
-        let file = paths::executable_path(&paths::sha256_hex(bytes));
-        if written.insert(file.clone()) {
-            write_atomically(&root.join(&file), bytes)?;
-            bytes_total += bytes.len() as u64;
+        // In the order of the entry's bodies, so the same executables give the same manifest.
+        let mut any = false;
+        for body in entry.bodies() {
+            let Some((_, _, bytes)) = executables
+                .iter()
+                .find(|(name, b, _)| *name == entry.name && b == body)
+            else {
+                continue;
+            };
+            any = true;
+            let file = paths::executable_path(&paths::sha256_hex(bytes));
+            if written.insert(file.clone()) {
+                write_atomically(&root.join(&file), bytes)?;
+                bytes_total += bytes.len() as u64;
+            }
+            entries.push(ExecutableEntry {
+                entry: entry.name.clone(),
+                body: body.to_owned(),
+                file,
+                byte_length: bytes.len() as u64,
+            });
         }
-        entries.push(ExecutableEntry {
-            entry: entry.name.clone(),
-            body: entry.body.clone(),
-            file,
-            byte_length: bytes.len() as u64,
-        });
+        if !any {
+            return Err(invalid(
+                "executables",
+                format!("no executable given for entry {}", entry.name),
+            ));
+        }
     }
-    if let Some((name, _)) = executables
+    if let Some((name, body, _)) = executables.iter().find(|(name, body, _)| {
+        manifest
+            .entry(name)
+            .is_some_and(|e| !e.bodies().any(|b| b == body))
+    }) {
+        return Err(invalid(
+            "executables",
+            format!("an executable was given for {name:?} with {body:?}, which is not one of its bodies"),
+        ));
+    }
+    if let Some((name, _, _)) = executables
         .iter()
-        .find(|(name, _)| manifest.entry(name).is_none())
+        .find(|(name, _, _)| manifest.entry(name).is_none())
     {
         return Err(invalid(
             "executables",

@@ -4,7 +4,8 @@
 //! Layout of an artifact directory (see `paths`):
 //! `tlaloc-serving.json`, `bodies/<sha256>.mlir`, `programs/<entry>.json`,
 //! `weights/NNNN_<slot>.bin`, `tokenizer/<name>`, and optionally `executables/<sha256>.bin`
-//! (compiled executables, see `executables`) and `tlaloc-serving.json.sig` (see [`signature`]).
+//! (compiled executables, see `executables`), body variants of entries and the custom-call
+//! kernels they call ([`kernels`]) and `tlaloc-serving.json.sig` (see [`signature`]).
 
 #![forbid(unsafe_code)]
 
@@ -12,6 +13,7 @@ mod dtype;
 mod error;
 mod executables;
 pub mod hf_config;
+pub mod kernels;
 mod ladder;
 mod loader;
 mod manifest;
@@ -31,7 +33,7 @@ pub use ladder::{
 };
 pub use loader::{Artifact, VerifyReport, parse_manifest};
 pub use manifest::{
-    Entry, FORMAT_VERSION, KvCacheLayout, KvScaleGranularity, KvScales, MANIFEST_FILE, Manifest,
+    BodyVariant, Entry, FORMAT_VERSION, KvCacheLayout, KvScaleGranularity, KvScales, MANIFEST_FILE, Manifest,
     ManifestModel, ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, PaddingContract,
     Provenance, SourceCheckpoint, TokenizerFile, WeightEntry,
 };

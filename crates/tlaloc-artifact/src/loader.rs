@@ -63,6 +63,13 @@ impl Artifact {
 
         for (i, entry) in manifest.entries.iter().enumerate() {
             paths::resolve(&root, &entry.body, &format!("entries[{i}].body"))?;
+            for (v, variant) in entry.variants.iter().enumerate() {
+                paths::resolve(
+                    &root,
+                    &variant.body,
+                    &format!("entries[{i}].variants[{v}].body"),
+                )?;
+            }
         }
         for (i, w) in manifest.weights.iter().enumerate() {
             let field = format!("weights[{i}].file");
@@ -125,8 +132,10 @@ impl Artifact {
         // by the body's name would otherwise run the cached code of a body that was edited.
         let mut checked = std::collections::BTreeSet::new();
         for entry in &artifact.manifest.entries {
-            if checked.insert(entry.body.as_str()) {
-                artifact.body_text(entry)?;
+            for body in entry.bodies() {
+                if checked.insert(body) {
+                    artifact.body_text(&entry.with_body(body))?;
+                }
             }
         }
         Ok(artifact)
@@ -162,7 +171,8 @@ impl Artifact {
         Ok(&self.programs[index])
     }
 
-    /// The StableHLO text of an entry, refused if its sha256 is not the one in its file name.
+    /// The StableHLO text of an entry's `body` (the portable one, or a variant's through
+    /// [`Entry::with_body`]), refused if its sha256 is not the one in its file name.
     pub fn body_text(&self, entry: &Entry) -> Result<String, ArtifactError> {
         let expected =
             paths::body_hash(&entry.body).map_err(|reason| ArtifactError::InvalidManifest {
@@ -263,11 +273,11 @@ impl Artifact {
     /// [`ArtifactError::IntegrityFailed`], each naming its file.
     pub fn verify(&self) -> Result<VerifyReport, ArtifactError> {
         let mut checks: Vec<(String, String)> = Vec::new();
-        for entry in &self.manifest.entries {
-            if let Ok(hash) = paths::body_hash(&entry.body)
-                && !checks.iter().any(|(file, _)| *file == entry.body)
+        for body in self.manifest.entries.iter().flat_map(Entry::bodies) {
+            if let Ok(hash) = paths::body_hash(body)
+                && !checks.iter().any(|(file, _)| file == body)
             {
-                checks.push((entry.body.clone(), hash.to_owned()));
+                checks.push((body.to_owned(), hash.to_owned()));
             }
         }
         checks.extend(

@@ -213,10 +213,33 @@ pub struct Entry {
     pub batch: usize,
     pub tokens: usize,
     pub context: usize,
-    /// `bodies/<sha256>.mlir`
+    /// `bodies/<sha256>.mlir`: the portable body, pure StableHLO that every plugin compiles.
     pub body: String,
     /// `programs/<name>.json`
     pub program: String,
+    /// Bodies of the same function that need something of the plugin (see [`BodyVariant`]);
+    /// absent when there are none, so an artifact without variants reads as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<BodyVariant>,
+}
+
+/// Another body of an entry: the same program signature and the same function as the portable
+/// body, written with custom calls that only some plugins can compile (the runtime's own
+/// kernels, registered through the plugin's FFI extension; later Triton kernels). The loader
+/// uses one when the plugin in hand has everything it requires, and the portable body
+/// otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BodyVariant {
+    /// What it is called in logs, `inspect` and `--kernels` (see [`crate::kernels`]).
+    pub name: String,
+    /// The platform whose plugins can compile it, as the client names it (`cpu`, `cuda`).
+    pub platform: String,
+    /// The custom-call targets it calls, each of which the runtime must have registered with
+    /// the plugin before compiling it.
+    pub kernels: Vec<String>,
+    /// `bodies/<sha256>.mlir`
+    pub body: String,
 }
 
 impl Entry {
@@ -231,6 +254,26 @@ impl Entry {
             tokens: point.tokens,
             context: point.context,
             body,
+            variants: Vec::new(),
+        }
+    }
+
+    /// The variant called `name`.
+    pub fn variant(&self, name: &str) -> Option<&BodyVariant> {
+        self.variants.iter().find(|v| v.name == name)
+    }
+
+    /// Every body of the entry: the portable one, then each variant's.
+    pub fn bodies(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.body.as_str()).chain(self.variants.iter().map(|v| v.body.as_str()))
+    }
+
+    /// This entry as the runtime runs it: the same entry with `body` (one of [`Self::bodies`])
+    /// in place of the portable body.
+    pub fn with_body(&self, body: &str) -> Entry {
+        Entry {
+            body: body.to_owned(),
+            ..self.clone()
         }
     }
 
@@ -524,6 +567,37 @@ impl Manifest {
             }
             paths::body_hash(&entry.body)
                 .map_err(|reason| invalid(format!("{field}.body"), reason))?;
+            let mut names = BTreeSet::new();
+            for (v, variant) in entry.variants.iter().enumerate() {
+                let field = format!("{field}.variants[{v}] ({})", variant.name);
+                crate::kernels::check_variant_name(&variant.name)
+                    .map_err(|reason| invalid(format!("{field}.name"), reason))?;
+                if !names.insert(variant.name.as_str()) {
+                    return Err(invalid(field, "variant name appears twice in one entry"));
+                }
+                if variant.platform.is_empty()
+                    || !variant
+                        .platform
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
+                    return Err(invalid(
+                        format!("{field}.platform"),
+                        format!(
+                            "{:?} is not a platform name (letters, digits, `_`, `-`)",
+                            variant.platform
+                        ),
+                    ));
+                }
+                paths::body_hash(&variant.body)
+                    .map_err(|reason| invalid(format!("{field}.body"), reason))?;
+                if variant.body == entry.body {
+                    return Err(invalid(
+                        format!("{field}.body"),
+                        "is the portable body; a variant is a different body",
+                    ));
+                }
+            }
         }
         if let Some(missing) = expected.difference(&points).next() {
             return Err(invalid(

@@ -14,8 +14,9 @@
 use std::path::Path;
 
 use half::bf16;
+use tlaloc_artifact::kernels;
 use tlaloc_artifact::{
-    ArtifactError, ArtifactWriter, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
+    ArtifactError, ArtifactWriter, BodyVariant, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
     Ladder, LadderError, LadderOptions, Manifest, ManifestModel, ManifestRopeScaling,
     ManifestSourceFile, ManifestTokenizer, OperandRole, PaddingContract, ProgramSignature,
     Provenance, SignatureMismatch, SourceCheckpoint, TensorSpec,
@@ -25,7 +26,7 @@ use tlaloc_hlo::Module;
 use crate::checkpoint::{Checkpoint, SourceKind};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::IngestError;
-use crate::graph::{self, GraphError, SlotSource, WeightPlan};
+use crate::graph::{self, BodyKind, GraphError, SlotSource, WeightPlan};
 
 /// What an export produces and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,10 @@ pub struct ExportOptions {
     pub ladder: LadderOptions,
     /// Replace an existing artifact in the output directory.
     pub force: bool,
+    /// Give each entry of at most [`tlaloc_artifact::kernels::CPU_VARIANT_MAX_ROWS`] rows a
+    /// `cpu` body variant whose matrix multiplications call the runtime's host kernel
+    /// ([`tlaloc_artifact::kernels::CPU_MATMUL`]) instead of XLA's.
+    pub cpu_variant: bool,
 }
 
 impl ExportOptions {
@@ -54,6 +59,7 @@ impl Default for ExportOptions {
             kv_dtype: None,
             ladder: LadderOptions::default(),
             force: false,
+            cpu_variant: false,
         }
     }
 }
@@ -238,21 +244,32 @@ pub fn export_checkpoint(
 
     let mut bodies = std::collections::BTreeMap::new();
     for (index, point) in points.iter().enumerate() {
-        let module = graph::forward_program(&plan, &kv, *point)?;
         let entry_stub = Entry::new(*point, String::new());
         let expected = ProgramSignature::expected_for(&manifest, &entry_stub);
-        let signature = signature_of(&module, &expected);
-        signature
-            .check_against(&expected)
-            .map_err(|mismatch| ExportError::Contract {
-                entry: point.name(),
-                mismatch,
-            })?;
-        let text = module.to_text();
-        let body = writer.write_body(&text)?;
-        bodies.insert(body.clone(), text.len() as u64);
+        let mut write = |kind: BodyKind| -> Result<String, ExportError> {
+            let module = graph::forward_program(&plan, &kv, *point, kind)?;
+            signature_of(&module, &expected)
+                .check_against(&expected)
+                .map_err(|mismatch| ExportError::Contract {
+                    entry: point.name(),
+                    mismatch,
+                })?;
+            let text = module.to_text();
+            let body = writer.write_body(&text)?;
+            bodies.insert(body.clone(), text.len() as u64);
+            Ok(body)
+        };
+        let mut entry = Entry::new(*point, write(BodyKind::Portable)?);
+        if options.cpu_variant && point.batch * point.tokens <= kernels::CPU_VARIANT_MAX_ROWS {
+            entry.variants.push(BodyVariant {
+                name: kernels::CPU_VARIANT.to_owned(),
+                platform: kernels::CPU_PLATFORM.to_owned(),
+                kernels: vec![kernels::CPU_MATMUL.to_owned()],
+                body: write(BodyKind::Cpu)?,
+            });
+        }
         writer.write_program(&expected)?;
-        manifest.entries.push(Entry::new(*point, body));
+        manifest.entries.push(entry);
         progress(ExportProgress::Entry {
             index,
             name: point.name(),

@@ -19,6 +19,7 @@ fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {
         kv_dtype: None,
         ladder,
         force: false,
+        cpu_variant: false,
     }
 }
 

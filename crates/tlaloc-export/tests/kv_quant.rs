@@ -25,6 +25,7 @@ fn export_with(checkpoint: &Path, name: &str, kv_dtype: Dtype, ladder: LadderOpt
         kv_dtype: Some(kv_dtype),
         ladder,
         force: false,
+        cpu_variant: false,
     };
     export(checkpoint, &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {name}: {e}"));

@@ -11,7 +11,7 @@ use std::fmt::{self, Write};
 use crate::Value;
 use crate::builder::{Def, Op, ValueInfo};
 use crate::literal::{ConstData, Scalar};
-use crate::ops::{OpKind, ReduceBody, ReduceOp, ScatterUpdate};
+use crate::ops::{CustomCallAttr, OpKind, ReduceBody, ReduceOp, ScatterUpdate};
 use crate::types::{ScalarType, TensorType};
 
 /// One argument of `@main`.
@@ -479,5 +479,48 @@ fn attributes(kind: &OpKind, result: &TensorType) -> (&'static str, Vec<String>)
                 format!("strides = {}", i64_array(strides)),
             ],
         ),
+        OpKind::CustomCall { target, attributes } => {
+            let config: Vec<String> = attributes
+                .iter()
+                .map(|(name, value)| format!("{name} = {}", custom_call_attr(value)))
+                .collect();
+            (
+                "custom_call",
+                vec![
+                    "api_version = 4 : i32".to_owned(),
+                    format!("backend_config = {{{}}}", config.join(", ")),
+                    format!("call_target_name = {}", mlir_string(target)),
+                ],
+            )
+        }
     }
+}
+
+/// A typed-FFI attribute as MLIR attribute text.
+fn custom_call_attr(value: &CustomCallAttr) -> String {
+    match value {
+        CustomCallAttr::I32(v) => format!("{v} : i32"),
+        CustomCallAttr::I64(v) => format!("{v} : i64"),
+        CustomCallAttr::F32(v) => format!("{} : f32", Scalar::F32(*v)),
+        CustomCallAttr::Bool(v) => v.to_string(),
+        CustomCallAttr::Str(v) => mlir_string(v),
+    }
+}
+
+/// `s` as an MLIR string literal: `"` and `\` escaped, bytes outside printable ASCII as `\XX`.
+fn mlir_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for b in s.bytes() {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\{b:02X}");
+            }
+        }
+    }
+    out.push('"');
+    out
 }

@@ -290,6 +290,21 @@ pub(crate) enum OpKind {
         limit: Vec<usize>,
         strides: Vec<usize>,
     },
+    CustomCall {
+        target: String,
+        attributes: Vec<(String, CustomCallAttr)>,
+    },
+}
+
+/// One attribute of a typed-FFI custom call (`backend_config` dictionary entry): what the
+/// handler reads from its call frame's attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CustomCallAttr {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    Bool(bool),
+    Str(String),
 }
 
 fn dims_list(d: &[usize]) -> String {
@@ -794,6 +809,72 @@ impl FunctionBuilder {
             OpKind::Concatenate { dimension },
             inputs.to_vec(),
             TensorType::new(t0.dtype, dims),
+        ))
+    }
+
+    /// `stablehlo.custom_call @target(operands)` with the typed-FFI calling convention
+    /// (`api_version = 4`), `attributes` as its `backend_config` dictionary (what the handler
+    /// reads from its call frame) and one result of type `result`. The builder cannot know
+    /// what the target computes: the caller states the result type, and the plugin refuses
+    /// at compile time a target nobody registered.
+    pub fn custom_call(
+        &mut self,
+        target: &str,
+        operands: &[Value],
+        result: TensorType,
+        attributes: &[(&str, CustomCallAttr)],
+    ) -> Result<Value, HloError> {
+        const OP: &str = "custom_call";
+        let target_ok = target
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && target
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$'));
+        if !target_ok {
+            return Err(invalid(
+                OP,
+                format!(
+                    "target {target:?} refused: use a letter or `_` then letters, digits, `_`, `.` or `$`"
+                ),
+            ));
+        }
+        for &v in operands {
+            self.check_value(OP, v)?;
+        }
+        let mut names: Vec<&str> = Vec::with_capacity(attributes.len());
+        for (name, _) in attributes {
+            let name_ok = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !name_ok {
+                return Err(invalid(
+                    OP,
+                    format!("attribute name {name:?} refused: use a letter or `_` then letters, digits or `_`"),
+                ));
+            }
+            if names.contains(name) {
+                return Err(invalid(OP, format!("attribute {name:?} given twice")));
+            }
+            names.push(name);
+        }
+        // MLIR prints a dictionary's entries sorted by name; sorting here keeps the text
+        // byte-identical to what a round trip through MLIR would print.
+        let mut attributes: Vec<(String, CustomCallAttr)> = attributes
+            .iter()
+            .map(|(n, a)| ((*n).to_owned(), a.clone()))
+            .collect();
+        attributes.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(self.push_op1(
+            OpKind::CustomCall {
+                target: target.to_owned(),
+                attributes,
+            },
+            operands.to_vec(),
+            result,
         ))
     }
 

@@ -187,6 +187,9 @@ pub struct LoadTimings {
     pub executables: Option<String>,
     /// Entries left to compile on first use (lazy compilation).
     pub deferred: usize,
+    /// The one line saying which entries run a body variant and why the others do not;
+    /// `None` when the artifact has no variants.
+    pub bodies: Option<String>,
 }
 
 /// The default [`ModelExecutor::decode_chain_window`]: decode steps are chained on the device

@@ -1,7 +1,8 @@
 //! Loads a serving artifact onto a PJRT device and generates tokens from it.
 //!
 //! Rooms, bottom up: [`model`] loads an artifact and runs compiled entries ([`executor`] is the
-//! trait it implements); [`layout`] lays out one step's inputs; [`step_executor`] runs rows laid
+//! trait it implements), each the body [`bodies`] chose (a variant's custom calls run the
+//! runtime's own kernels); [`layout`] lays out one step's inputs; [`step_executor`] runs rows laid
 //! out by any caller (the seam for an external scheduler); [`block_manager`] hands out K/V
 //! pages, shared between sequences through [`prefix_cache`]'s block hashes; [`request`] is what a caller asks and its one validation; [`bucket`] chooses decode
 //! buckets by measurement; [`stop`] decides stops; [`sampling`] draws tokens, within a request's
@@ -14,11 +15,13 @@
 #![forbid(unsafe_code)]
 
 pub mod block_manager;
+pub mod bodies;
 pub mod bucket;
 pub mod compile_cache;
 pub mod constraint;
 pub mod engine;
 pub mod executor;
+mod host_kernels;
 pub mod kv_dtype;
 pub mod layout;
 pub mod model;
@@ -29,6 +32,7 @@ pub mod scheduler;
 pub mod step_executor;
 pub mod stop;
 
+pub use bodies::KernelChoice;
 pub use constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};
 pub use engine::{
     Engine, EngineError, EngineHandle, EngineOptions, EngineStats, GenerateResult, StepMark,

@@ -13,6 +13,11 @@
 //! before the plugin sees it, and a mismatch fails the load. Entries without a usable one are
 //! compiled (through the compile cache), and one line says how many came from where and why.
 //!
+//! Which body of an entry runs (the portable one or a variant) is decided by [`crate::bodies`]
+//! right after the client is created, before anything compiles; from there on the entry's
+//! `body` is the chosen one, so the compile cache and shipped executables key on what runs. A
+//! variant the plugin refuses to compile falls back to the portable body with a warning.
+//!
 //! Arguments are laid out from each program's signature by role, not by position, so the
 //! order the exporter chose is the only order used.
 //!
@@ -41,6 +46,7 @@ use tlaloc_pjrt::{
     LoadedExecutable, Plugin,
 };
 
+use crate::bodies::{self, BodyChoice, KernelChoice};
 use crate::compile_cache::{CacheIdentity, CompileCache};
 use crate::executor::{
     ExecutorError, LadderPoint, LoadTimings, ModelExecutor, ModelShape, StepInputs, StepOutput,
@@ -83,6 +89,8 @@ pub struct LoadOptions {
     /// How long a decode chain may take by the measured step time (see
     /// [`ModelExecutor::decode_chain_window`]).
     pub decode_chain_window: Duration,
+    /// Whether entries may run a body variant the plugin supports (see [`crate::bodies`]).
+    pub kernels: KernelChoice,
 }
 
 /// [`LoadOptions::max_decode_chain`] by default.
@@ -99,6 +107,7 @@ impl Default for LoadOptions {
             gpu: GpuOptions::default(),
             max_decode_chain: DEFAULT_MAX_DECODE_CHAIN,
             decode_chain_window: crate::executor::DECODE_CHAIN_WINDOW,
+            kernels: KernelChoice::Auto,
         }
     }
 }
@@ -187,8 +196,8 @@ pub struct Model {
     shape: ModelShape,
     load_timings: LoadTimings,
     cache: Option<CompileCache>,
-    /// Shipped executables usable here, by entry name.
-    shipped: HashMap<String, ExecutableEntry>,
+    /// Shipped executables usable here, by entry name and body.
+    shipped: HashMap<(String, String), ExecutableEntry>,
     platform: Platform,
     compile_options: CompileOptions,
     max_decode_chain: usize,
@@ -289,7 +298,10 @@ fn open_client(options: &LoadOptions) -> Result<OpenedClient, LoadError> {
 }
 
 /// Each entry's argument plan, keyed by its ladder point (nothing compiled yet).
-fn plan_entries(artifact: &Artifact) -> Result<HashMap<LadderPoint, EntryState>, LoadError> {
+fn plan_entries(
+    artifact: &Artifact,
+    choice: &BodyChoice,
+) -> Result<HashMap<LadderPoint, EntryState>, LoadError> {
     let manifest = artifact.manifest();
     let weight_index: HashMap<&str, usize> = manifest
         .weights
@@ -309,7 +321,7 @@ fn plan_entries(artifact: &Artifact) -> Result<HashMap<LadderPoint, EntryState>,
         entries.insert(
             entry.point(),
             EntryState {
-                entry: entry.clone(),
+                entry: entry.with_body(&choice.bodies[&entry.name]),
                 plan,
                 executable: None,
             },
@@ -355,7 +367,10 @@ impl Model {
         let opened = open_client(options)?;
         timings.client = phase.elapsed();
 
-        let mut entries = plan_entries(&artifact)?;
+        // Kernels are registered before anything compiles or deserializes.
+        let choice = bodies::choose(&artifact, &opened.client, options.kernels);
+        timings.bodies = choice.line.clone();
+        let mut entries = plan_entries(&artifact, &choice)?;
         let shape = shape_of(&artifact);
         let cache = options.compile_cache.as_ref().map(CompileCache::new);
         let compile_options = CompileOptions::default();
@@ -543,6 +558,8 @@ pub struct CompiledArtifact {
     pub identity: CompilerIdentity,
     /// Entries given an executable.
     pub entries: usize,
+    /// Of the executables, those of a body variant (beside the entries' portable bodies).
+    pub variants: usize,
     /// Distinct executable files written, and their bytes.
     pub files: usize,
     pub bytes: u64,
@@ -560,7 +577,8 @@ pub struct CompiledArtifact {
 /// Compiles every entry of the artifact in `dir` with the plugin `options` ask for (through the
 /// compile cache when it is on), serializes the executables and adds them to the artifact under
 /// the plugin's and device's [`CompilerIdentity`], replacing an earlier set of that identity.
-/// Needs no CPU: any plugin that can compile and serialize, GPU ones included.
+/// Each entry gets its portable body's executable and that of the variant this plugin would
+/// run under `options.kernels`. Needs no CPU: any plugin that can compile and serialize, GPU ones included.
 pub fn compile_into_artifact(
     dir: impl AsRef<Path>,
     options: &LoadOptions,
@@ -580,9 +598,19 @@ pub fn compile_into_artifact(
         options: &compile_options,
         shipped: None,
     };
+    // Each entry's portable body, and the variant this plugin would run: `--kernels portable`
+    // at serving time still finds an executable.
+    let choice = bodies::choose(&artifact, &opened.client, options.kernels);
     let started = Instant::now();
-    let mut bodies: Vec<&Entry> = Vec::new();
+    let mut wanted: Vec<Entry> = Vec::new();
     for entry in &artifact.manifest().entries {
+        wanted.push(entry.clone());
+        if choice.bodies[&entry.name] != entry.body {
+            wanted.push(entry.with_body(&choice.bodies[&entry.name]));
+        }
+    }
+    let mut bodies: Vec<&Entry> = Vec::new();
+    for entry in &wanted {
         if !bodies.iter().any(|b| b.body == entry.body) {
             bodies.push(entry);
         }
@@ -597,16 +625,14 @@ pub fn compile_into_artifact(
     })?;
     let compile_time = started.elapsed();
     let cache_hits = built.iter().filter(|(_, _, cached)| *cached).count();
-    let executables: Vec<(String, Vec<u8>)> = artifact
-        .manifest()
-        .entries
+    let executables: Vec<(String, String, Vec<u8>)> = wanted
         .iter()
         .map(|entry| {
             let (_, bytes, _) = built
                 .iter()
                 .find(|(body, _, _)| *body == entry.body)
                 .expect("every body was compiled");
-            (entry.name.clone(), bytes.clone())
+            (entry.name.clone(), entry.body.clone(), bytes.clone())
         })
         .collect();
     let identity = opened
@@ -633,7 +659,8 @@ pub fn compile_into_artifact(
     } = tlaloc_artifact::add_executables(&artifact, identity.clone(), &executables)?;
     Ok(CompiledArtifact {
         identity,
-        entries: executables.len(),
+        entries: artifact.manifest().entries.len(),
+        variants: executables.len() - artifact.manifest().entries.len(),
         files,
         bytes,
         compiled: built.len() - cache_hits,
@@ -732,7 +759,7 @@ struct Compiler<'a> {
     identity: &'a CacheIdentity,
     options: &'a CompileOptions,
     /// Shipped executables usable here, by entry name.
-    shipped: Option<&'a HashMap<String, ExecutableEntry>>,
+    shipped: Option<&'a HashMap<(String, String), ExecutableEntry>>,
 }
 
 /// Executables for every entry, and where they came from.
@@ -762,8 +789,8 @@ enum Origin {
 /// The shipped executables this plugin and device may use, and why the others may not.
 #[derive(Debug, Default)]
 struct Selection {
-    /// By entry name.
-    usable: HashMap<String, ExecutableEntry>,
+    /// By entry name and body.
+    usable: HashMap<(String, String), ExecutableEntry>,
     /// Why no set is usable, when the artifact ships some and none is.
     unusable: Option<String>,
     /// Whether the artifact ships any.
@@ -815,7 +842,7 @@ fn select_executables(
             selection.usable = set
                 .entries
                 .iter()
-                .map(|e| (e.entry.clone(), e.clone()))
+                .map(|e| ((e.entry.clone(), e.body.clone()), e.clone()))
                 .collect();
         }
         None => {
@@ -904,8 +931,9 @@ impl Compiler<'_> {
     /// the executable came from.
     fn compile(&self, entry: &Entry) -> Result<(LoadedExecutable, Origin), LoadError> {
         let mut refused = None;
-        if let Some(shipped) = self.shipped.and_then(|s| s.get(&entry.name))
-            && shipped.body == entry.body
+        if let Some(shipped) = self
+            .shipped
+            .and_then(|s| s.get(&(entry.name.clone(), entry.body.clone())))
         {
             let bytes = self.artifact.executable_bytes(shipped)?;
             match self.client.deserialize_executable(&bytes, self.options) {
@@ -916,7 +944,18 @@ impl Compiler<'_> {
                 }
             }
         }
-        let (executable, cached) = self.compile_through_cache(entry)?;
+        let (executable, cached) = match self.compile_through_cache(entry) {
+            Ok(built) => built,
+            Err(e) => {
+                // A variant the plugin cannot compile after all: its portable body runs.
+                let portable = self.artifact.entry(&entry.name)?;
+                if portable.body == entry.body {
+                    return Err(e);
+                }
+                tracing::warn!(entry = %entry.name, body = %entry.body, error = %e, "the plugin refused a body variant; compiling the portable body");
+                self.compile_through_cache(portable)?
+            }
+        };
         let origin = match (refused, cached) {
             (Some(why), _) => Origin::CompiledAfterRefusal(why),
             (None, true) => Origin::Cache,

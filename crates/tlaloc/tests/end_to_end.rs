@@ -72,6 +72,7 @@ fn export_once(checkpoint: &Path, name: &str, ladder: LadderOptions) -> PathBuf 
         kv_dtype: None,
         ladder,
         force: false,
+        cpu_variant: false,
     };
     export(checkpoint, &out, &options, &mut |_| {}).unwrap_or_else(|e| {
         panic!(

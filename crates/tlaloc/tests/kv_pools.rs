@@ -27,6 +27,7 @@ fn export_tiny(kv_dtype: Dtype) -> PathBuf {
         kv_dtype: Some(kv_dtype),
         ladder: LadderOptions::full_pool(2, 128, 16, vec![16]),
         force: false,
+        cpu_variant: false,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, &out, &options, &mut |_| {}).unwrap();

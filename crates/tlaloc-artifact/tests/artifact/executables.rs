@@ -23,12 +23,15 @@ fn identity(plugin: &str) -> CompilerIdentity {
 }
 
 /// One made-up executable per entry; entries of one body get the same bytes, as compiling does.
-fn executables(artifact: &Artifact, tag: &str) -> Vec<(String, Vec<u8>)> {
+fn executables(artifact: &Artifact, tag: &str) -> Vec<(String, String, Vec<u8>)> {
     artifact
         .manifest()
         .entries
         .iter()
-        .map(|e| (e.name.clone(), format!("{tag} {}", e.body).into_bytes()))
+        .map(|e| {
+            let bytes = format!("{tag} {}", e.body).into_bytes();
+            (e.name.clone(), e.body.clone(), bytes)
+        })
         .collect()
 }
 

@@ -5,5 +5,6 @@ mod executables;
 mod fixture;
 mod hostile_json;
 mod ladder;
+mod variants;
 mod loader;
 mod writer;

@@ -55,7 +55,7 @@ pub mod rope;
 use std::collections::BTreeMap;
 
 use tlaloc_artifact::step::{KvPool, PoolOperand, StepInput};
-use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint};
+use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint, kernels};
 use tlaloc_hlo::{
     CompareDirection, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision, Scalar,
     ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
@@ -232,11 +232,22 @@ fn hlo_dtype(dtype: Dtype) -> Result<ScalarType, GraphError> {
     }
 }
 
-/// Builds the forward program of `point`.
+/// Which body of an entry to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// Pure StableHLO: every plugin compiles it.
+    Portable,
+    /// The `cpu` variant: matrix multiplications of at most
+    /// [`kernels::CPU_VARIANT_MAX_ROWS`] rows call [`kernels::CPU_MATMUL`].
+    Cpu,
+}
+
+/// Builds the forward program of `point`, as the body `kind`.
 pub fn forward_program(
     plan: &WeightPlan,
     kv: &KvCacheLayout,
     point: LadderPoint,
+    kind: BodyKind,
 ) -> Result<Module, GraphError> {
     let entry = point.name();
     if kv.block_size == 0 || point.context % kv.block_size != 0 {
@@ -274,6 +285,7 @@ pub fn forward_program(
         pool,
         attention,
         quant,
+        kind,
     };
     build(&mut g, plan, kv, point).map_err(|source| GraphError::Hlo { entry, source })
 }
@@ -289,6 +301,8 @@ struct Graph {
     attention: ScalarType,
     /// How the pools quantize, when they do.
     quant: Option<KvQuant>,
+    /// Which body this is.
+    kind: BodyKind,
 }
 
 /// Largest i8 code of symmetric absmax quantization (-128 is never used, so the range is
@@ -341,7 +355,17 @@ impl Graph {
             (d[0], d[1])
         };
         let out = self.dims(w)?[0];
-        let y = if n == 1 && self.matrix != ScalarType::F32 {
+        let y = if self.kind == BodyKind::Cpu && n <= kernels::CPU_VARIANT_MAX_ROWS {
+            // The host kernel takes x in f32; x was rounded to the matrix dtype above, as the
+            // portable dot takes it, so the products are the same.
+            let x = if self.matrix == ScalarType::F32 {
+                x
+            } else {
+                self.f.convert(x, ScalarType::F32)?
+            };
+            self.f
+                .custom_call(kernels::CPU_MATMUL, &[x, w], f32_ty(&[n, out]), &[])?
+        } else if n == 1 && self.matrix != ScalarType::F32 {
             // One row against a low-precision matrix: multiply and reduce in f32 instead of a
             // dot. XLA GPU runs this as a reduction fusion that streams the weight at a higher
             // fraction of memory bandwidth than its GEMM for M = 1 (scripts/gpu/matvec_probe.py);

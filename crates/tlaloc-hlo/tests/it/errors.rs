@@ -376,3 +376,43 @@ fn signatures_check_donation_names_and_results() {
     let z = h.arg(ty(ScalarType::F32, &[2]));
     signature_refused(h.finish(&[z]), &["module name"]);
 }
+
+#[test]
+fn custom_call_refuses_a_malformed_target_or_attribute() {
+    let mut f = FunctionBuilder::new("m");
+    let x = f.arg(ty(ScalarType::F32, &[2]));
+    let out = ty(ScalarType::F32, &[2]);
+    refused(
+        f.custom_call("", &[x], out.clone(), &[]),
+        "custom_call",
+        &["target \"\""],
+    );
+    refused(
+        f.custom_call("tlaloc cpu", &[x], out.clone(), &[]),
+        "custom_call",
+        &["\"tlaloc cpu\""],
+    );
+    refused(
+        f.custom_call(
+            "tlaloc.cpu.k",
+            &[x],
+            out.clone(),
+            &[("bad-name", tlaloc_hlo::CustomCallAttr::I32(1))],
+        ),
+        "custom_call",
+        &["\"bad-name\""],
+    );
+    refused(
+        f.custom_call(
+            "tlaloc.cpu.k",
+            &[x],
+            out,
+            &[
+                ("rows", tlaloc_hlo::CustomCallAttr::I32(1)),
+                ("rows", tlaloc_hlo::CustomCallAttr::I32(2)),
+            ],
+        ),
+        "custom_call",
+        &["\"rows\" given twice"],
+    );
+}

@@ -81,3 +81,36 @@ fn building_twice_prints_identical_bytes() {
         );
     }
 }
+
+/// A typed-FFI custom call prints in generic form with `api_version = 4`, its target as a
+/// string and its attributes as a `backend_config` dictionary sorted by name, strings escaped.
+#[test]
+fn custom_call_prints_the_typed_ffi_form() {
+    use tlaloc_hlo::{CustomCallAttr, FunctionBuilder, ScalarType, TensorType};
+    let mut f = FunctionBuilder::new("m");
+    let x = f.arg(TensorType::new(ScalarType::F32, [1, 4]));
+    let w = f.arg(TensorType::new(ScalarType::Bf16, [3, 4]));
+    let y = f
+        .custom_call(
+            "tlaloc.cpu.matmul",
+            &[x, w],
+            TensorType::new(ScalarType::F32, [1, 3]),
+            &[
+                ("rows", CustomCallAttr::I64(1)),
+                ("name", CustomCallAttr::Str("a\"b\\c\n".into())),
+                ("fast", CustomCallAttr::Bool(true)),
+            ],
+        )
+        .unwrap();
+    let text = f.finish(&[y]).unwrap().to_text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("custom_call"))
+        .expect("no custom_call line");
+    assert_eq!(
+        line.trim(),
+        "%0 = \"stablehlo.custom_call\"(%arg0, %arg1) {api_version = 4 : i32, backend_config = \
+         {fast = true, name = \"a\\\"b\\\\c\\0A\", rows = 1 : i64}, call_target_name = \
+         \"tlaloc.cpu.matmul\"} : (tensor<1x4xf32>, tensor<3x4xbf16>) -> tensor<1x3xf32>"
+    );
+}

@@ -419,8 +419,10 @@ fn print_table(
         load["from_artifact"],
         load["compile_cache"].as_str().unwrap_or("?"),
     );
-    if let Some(line) = load["executables"].as_str() {
-        println!("          {line}");
+    for key in ["executables", "bodies"] {
+        if let Some(line) = load[key].as_str() {
+            println!("          {line}");
+        }
     }
     match bandwidth {
         Some(b) => println!("bandwidth {:.1} GB/s, {}", b.gbps, b.source),

@@ -18,7 +18,7 @@ use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::{GpuAllocator, GpuOptions};
 use tlaloc_runtime::{
     CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle,
-    EngineOptions, GenerateRequest, LoadOptions, LoadTimings, SamplingParams, StepTimings,
+    EngineOptions, GenerateRequest, KernelChoice, LoadOptions, LoadTimings, SamplingParams, StepTimings,
     StopParams, TokenEvent,
 };
 use tlaloc_server::ModelText;
@@ -58,8 +58,30 @@ pub struct EngineArgs {
     /// for at most one such step between its tokens.
     #[arg(long, default_value_t = DEFAULT_MAX_PREFILL_TOKENS, value_parser = token_count)]
     pub max_prefill_tokens: usize,
+    /// Which bodies run: `auto` uses an entry's body variant where this plugin supports it
+    /// (the CPU kernels, say), `portable` forces the portable StableHLO bodies.
+    #[arg(long, value_enum, default_value_t = KernelsArg::Auto)]
+    pub kernels: KernelsArg,
     #[command(flatten)]
     pub gpu: GpuArgs,
+}
+
+/// The `--kernels` choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelsArg {
+    /// A body variant where the plugin supports it, else the portable body.
+    Auto,
+    /// Always the portable body.
+    Portable,
+}
+
+impl KernelsArg {
+    pub fn choice(self) -> KernelChoice {
+        match self {
+            KernelsArg::Auto => KernelChoice::Auto,
+            KernelsArg::Portable => KernelChoice::Portable,
+        }
+    }
 }
 
 /// Device memory options of GPU plugins (ignored by CPU plugins).
@@ -140,6 +162,7 @@ impl EngineArgs {
             max_decode_chain: self.max_decode_chain,
             artifact_executables: !self.no_artifact_executables,
             gpu: self.gpu.options(),
+            kernels: self.kernels.choice(),
             ..defaults
         }
     }
@@ -291,6 +314,7 @@ pub fn load_json(timings: Option<&LoadTimings>, cache_enabled: bool) -> Value {
         "cache_hits": t.cache_hits,
         "from_artifact": t.from_artifact,
         "executables": t.executables,
+        "bodies": t.bodies,
         "deferred": t.deferred,
         "compile_cache": cache_state(t, cache_enabled),
     })

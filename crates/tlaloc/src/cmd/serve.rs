@@ -61,6 +61,10 @@ pub struct ServeArgs {
     max_decode_chain: usize,
     #[command(flatten)]
     gpu: crate::cmd::generate::GpuArgs,
+    /// Which bodies run: `auto` uses an entry's body variant where this plugin supports it
+    /// (the CPU kernels, say), `portable` forces the portable StableHLO bodies.
+    #[arg(long, value_enum, default_value_t = crate::cmd::generate::KernelsArg::Auto)]
+    kernels: crate::cmd::generate::KernelsArg,
     /// Re-hash every artifact file before loading.
     #[arg(long)]
     verify: bool,
@@ -135,6 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         max_decode_chain: args.max_decode_chain,
         gpu: args.gpu.options(),
+        kernels: args.kernels.choice(),
         ..LoadOptions::default()
     };
     let dir = artifact.root().to_owned();

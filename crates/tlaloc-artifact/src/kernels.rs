@@ -1,0 +1,79 @@
+//! The custom-call kernels that body variants call, and the variants that call them: the one
+//! place the exporter (which emits the calls) and the runtime (which registers the handlers)
+//! learn a kernel's target name, operands and result.
+//!
+//! A kernel is a contract, not code: the exporter writes `stablehlo.custom_call @<target>`
+//! with operands of the stated types and the runtime registers a handler for `<target>` with
+//! the plugin's FFI extension (typed FFI, `api_version = 4`) before it compiles anything. A
+//! variant's body computes the same function as the portable body; where a kernel's
+//! arithmetic differs from the portable body's (summation order), the variant is tested
+//! against the portable body within the tolerance of the dtype.
+
+/// Variant names: what `--kernels` and the load log call the portable body.
+pub const PORTABLE: &str = "portable";
+
+/// The CPU variant: the portable body with its matrix multiplications of few rows replaced by
+/// [`CPU_MATMUL`] calls.
+pub const CPU_VARIANT: &str = "cpu";
+
+/// The platform name of the CPU plugins' clients.
+pub const CPU_PLATFORM: &str = "cpu";
+
+/// `y = x · wᵀ` on the host: operand 0 `x [N, K]` f32, operand 1 `w [O, K]` f32 or bf16 (a
+/// weight as the artifact stores it, rows are output features), result `y [N, O]` f32, every
+/// product accumulated in f32. No attributes. For a bf16 `w` the caller rounds `x` to bf16
+/// first (as the portable body's bf16 dot does), so each product is exact in f32 and only the
+/// order of the sums differs from the portable body.
+pub const CPU_MATMUL: &str = "tlaloc.cpu.matmul";
+
+/// Every kernel a variant may call, with the platform it runs on.
+pub const KERNELS: [(&str, &str); 1] = [(CPU_MATMUL, CPU_PLATFORM)];
+
+/// The most rows (`B * T` of an entry) for which the CPU variant replaces a matrix
+/// multiplication by [`CPU_MATMUL`]: the kernel streams each weight once for all rows, which
+/// wins when the product is bound by reading the weights (decode, short prefill chunks); past
+/// it XLA's own matrix multiplication, which blocks for the caches, is the faster one
+/// (docs/benchmarks.md, "CPU kernels").
+pub const CPU_VARIANT_MAX_ROWS: usize = 16;
+
+/// Checks a variant name: lowercase letters, digits and `-`, not [`PORTABLE`].
+pub fn check_variant_name(name: &str) -> Result<(), String> {
+    if name == PORTABLE {
+        return Err(format!(
+            "{PORTABLE:?} names the portable body; a variant needs another name"
+        ));
+    }
+    let ok = name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a variant name: a lowercase letter, then lowercase letters, digits or `-`"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_names_are_checked() {
+        assert!(check_variant_name(CPU_VARIANT).is_ok());
+        assert!(check_variant_name("cuda-triton").is_ok());
+        for bad in ["", PORTABLE, "Cpu", "1cpu", "cpu variant", "cpu_1"] {
+            let err = check_variant_name(bad).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn every_kernel_target_is_namespaced() {
+        for (target, platform) in KERNELS {
+            assert!(target.starts_with(&format!("tlaloc.{platform}.")), "{target}");
+        }
+    }
+}
