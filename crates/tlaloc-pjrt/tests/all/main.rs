@@ -3,5 +3,6 @@
 
 mod common;
 mod execute;
+mod host_kernel;
 mod layout;
 mod plugin;
