@@ -6,3 +6,4 @@ mod execute;
 mod host_kernel;
 mod layout;
 mod plugin;
+mod xla_ffi_layout;
