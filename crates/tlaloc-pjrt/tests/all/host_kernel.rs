@@ -338,3 +338,113 @@ fn registration_is_idempotent_and_a_different_kernel_is_refused() {
         assert_eq!(run_f32(&executable, &[&x]).unwrap(), vec![vec![5.0, -6.0]]);
     });
 }
+
+/// Widens a bf16 operand to f32 from its raw bits (bf16 is the top half of an f32).
+struct WidenBf16;
+
+impl HostKernel for WidenBf16 {
+    fn execute(
+        &self,
+        args: &[HostBuffer<'_>],
+        results: &mut [HostBufferMut<'_>],
+    ) -> Result<(), String> {
+        if args[0].dtype() != HostElementType::Bf16 {
+            return Err(format!("operand is {:?}", args[0].dtype()));
+        }
+        let bits = args[0].as_u16().ok_or("operand is not 16-bit")?;
+        let out = results[0].as_f32_mut().ok_or("result is not f32")?;
+        for (o, &b) in out.iter_mut().zip(bits) {
+            *o = f32::from_bits(u32::from(b) << 16);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_bf16_operand_arrives_as_its_raw_bits() {
+    let kernel: Arc<dyn HostKernel> = Arc::new(WidenBf16);
+    const LEN: usize = 9;
+    let program = format!(
+        r#"module @widen {{
+  func.func public @main(%x: tensor<{LEN}xbf16>) -> tensor<{LEN}xf32> {{
+    %0 = stablehlo.custom_call @tlaloc.test.widen_bf16(%x) {{api_version = 4 : i32}} : (tensor<{LEN}xbf16>) -> tensor<{LEN}xf32>
+    return %0 : tensor<{LEN}xf32>
+  }}
+}}"#
+    );
+    on_each_plugin(|_, client| {
+        register(client, "tlaloc.test.widen_bf16", &kernel);
+        let executable = compile(client, &program);
+        let x: Vec<half::bf16> = values(31, LEN)
+            .into_iter()
+            .map(|v| half::bf16::from_f32(v * 100.0))
+            .collect();
+        let device = client.first_device().unwrap();
+        let x_buf = client.buffer_from_host(&x, &[LEN as i64], &device).unwrap();
+        let out = run_f32(&executable, &[&x_buf]).unwrap();
+        // Widening bf16 to f32 is exact.
+        let want: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(out, vec![want]);
+    });
+}
+
+#[test]
+fn a_result_aliasing_its_operand_is_refused_by_name() {
+    let kernel: Arc<dyn HostKernel> = Arc::new(Identity);
+    let program = r#"module @aliased {
+  func.func public @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.custom_call @tlaloc.test.aliased(%x) {api_version = 4 : i32, output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 0, operand_tuple_indices = []>]} : (tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}"#;
+    on_each_plugin(|path, client| {
+        register(client, "tlaloc.test.aliased", &kernel);
+        let executable = compile(client, program);
+        let x = upload(client, &[1.0, 2.0, 3.0, 4.0], &[4]);
+        let error = run_f32(&executable, &[&x]).expect_err(&format!(
+            "{}: an aliased result must be refused",
+            path.display()
+        ));
+        let message = error.to_string();
+        assert!(
+            message.contains("tlaloc.test.aliased")
+                && message.contains("result 0 shares memory with operand 0"),
+            "{}: {message}",
+            path.display()
+        );
+    });
+}
+
+#[test]
+fn a_serialized_executable_calls_the_kernel_after_loading() {
+    let kernel: Arc<dyn HostKernel> = Arc::new(AffineAndBucket);
+    const LEN: usize = 5;
+    let program = format!(
+        r#"module @reloaded {{
+  func.func public @main(%x: tensor<{LEN}xf32>) -> (tensor<{LEN}xf32>, tensor<{LEN}xi32>) {{
+    %0:2 = stablehlo.custom_call @tlaloc.test.reloaded(%x) {{api_version = 4 : i32}} : (tensor<{LEN}xf32>) -> (tensor<{LEN}xf32>, tensor<{LEN}xi32>)
+    return %0#0, %0#1 : tensor<{LEN}xf32>, tensor<{LEN}xi32>
+  }}
+}}"#
+    );
+    on_each_plugin(|_, client| {
+        register(client, "tlaloc.test.reloaded", &kernel);
+        let bytes = compile(client, &program).serialize().unwrap();
+        let executable = client
+            .deserialize_executable(&bytes, &CompileOptions::default())
+            .unwrap();
+        let x = [0.5f32, -0.25, 0.0, 0.75, -1.0];
+        let x_buf = upload(client, &x, &[LEN as i64]);
+        let outputs = executable
+            .execute(vec![ExecuteArg::Borrowed(&x_buf)])
+            .unwrap();
+        assert_eq!(
+            outputs[0].to_host_vec::<f32>().unwrap(),
+            vec![2.0, 0.5, 1.0, 2.5, -1.0]
+        );
+        assert_eq!(
+            outputs[1].to_host_vec::<i32>().unwrap(),
+            vec![4, -2, 0, 6, -8]
+        );
+    });
+}
