@@ -765,3 +765,289 @@ unsafe fn raw_buffers<'a>(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The trampoline against hand-built call frames: the refusals and the stage handling (the
+    //! field layout is pinned by the header test, the happy path by the plugin tests).
+
+    use super::*;
+    use crate::host_kernel::{HostBuffer, HostBufferMut};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct FakeError {
+        code: c_int,
+        message: String,
+    }
+
+    unsafe extern "C" fn fake_error_create(
+        args: *mut XLA_FFI_Error_Create_Args,
+    ) -> *mut XLA_FFI_Error {
+        // SAFETY: the trampoline passes valid args with a NUL-terminated message.
+        let (code, message) = unsafe {
+            let args = &*args;
+            (
+                args.errc,
+                std::ffi::CStr::from_ptr(args.message)
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        };
+        Box::into_raw(Box::new(FakeError { code, message })).cast()
+    }
+
+    fn fake_api() -> XLA_FFI_Api {
+        XLA_FFI_Api {
+            struct_size: size_of::<XLA_FFI_Api>(),
+            extension_start: std::ptr::null_mut(),
+            api_version: XLA_FFI_Api_Version {
+                struct_size: XLA_FFI_Api_Version_STRUCT_SIZE,
+                extension_start: std::ptr::null_mut(),
+                major_version: 0,
+                minor_version: 4,
+            },
+            internal_api: std::ptr::null_mut(),
+            XLA_FFI_Error_Create: Some(fake_error_create),
+        }
+    }
+
+    /// An f32 buffer description over `data` with `dims` (both outlive every call using it).
+    fn buffer(dtype: c_int, data: &mut [f32], dims: &mut [i64]) -> XLA_FFI_Buffer {
+        XLA_FFI_Buffer {
+            struct_size: size_of::<XLA_FFI_Buffer>(),
+            extension_start: std::ptr::null_mut(),
+            dtype,
+            data: data.as_mut_ptr().cast(),
+            rank: dims.len() as i64,
+            dims: dims.as_mut_ptr(),
+        }
+    }
+
+    /// Runs trampoline `slot` on a frame of `stage` with `args` and `rets` (`(type, buffer)`);
+    /// `Some((code, message))` when it returned an error.
+    fn call(
+        slot: usize,
+        stage: c_int,
+        extension: *mut XLA_FFI_Extension_Base,
+        args: &mut [(c_int, &mut XLA_FFI_Buffer)],
+        rets: &mut [(c_int, &mut XLA_FFI_Buffer)],
+    ) -> Option<(c_int, String)> {
+        let api = fake_api();
+        let mut arg_types: Vec<c_int> = args.iter().map(|(t, _)| *t).collect();
+        let mut arg_ptrs: Vec<*mut c_void> = args
+            .iter_mut()
+            .map(|(_, b)| (&raw mut **b).cast())
+            .collect();
+        let mut ret_types: Vec<c_int> = rets.iter().map(|(t, _)| *t).collect();
+        let mut ret_ptrs: Vec<*mut c_void> = rets
+            .iter_mut()
+            .map(|(_, b)| (&raw mut **b).cast())
+            .collect();
+        let mut frame = XLA_FFI_CallFrame {
+            struct_size: size_of::<XLA_FFI_CallFrame>(),
+            extension_start: extension,
+            // Older XLA sends the metadata query without an API table.
+            api: if extension.is_null() {
+                &api
+            } else {
+                std::ptr::null()
+            },
+            ctx: std::ptr::null_mut(),
+            stage,
+            args: XLA_FFI_Args {
+                struct_size: size_of::<XLA_FFI_Args>(),
+                extension_start: std::ptr::null_mut(),
+                size: arg_ptrs.len() as i64,
+                types: arg_types.as_mut_ptr(),
+                args: arg_ptrs.as_mut_ptr(),
+            },
+            rets: XLA_FFI_Rets {
+                struct_size: size_of::<XLA_FFI_Rets>(),
+                extension_start: std::ptr::null_mut(),
+                size: ret_ptrs.len() as i64,
+                types: ret_types.as_mut_ptr(),
+                rets: ret_ptrs.as_mut_ptr(),
+            },
+        };
+        // SAFETY: the frame and everything it points to (locals and the caller's buffers) live
+        // across the call.
+        let error = unsafe { TRAMPOLINES[slot](&mut frame) };
+        if error.is_null() {
+            return None;
+        }
+        // SAFETY: non-null errors come from `fake_error_create`: boxed `FakeError`s.
+        let error = unsafe { Box::from_raw(error.cast::<FakeError>()) };
+        Some((error.code, error.message))
+    }
+
+    /// Counts its calls and doubles f32 operand 0 into result 0.
+    struct Doubler(AtomicUsize);
+
+    impl HostKernel for Doubler {
+        fn execute(
+            &self,
+            args: &[HostBuffer<'_>],
+            results: &mut [HostBufferMut<'_>],
+        ) -> std::result::Result<(), String> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let x = args[0].as_f32().ok_or("not f32")?;
+            for (o, v) in results[0].as_f32_mut().ok_or("not f32")?.iter_mut().zip(x) {
+                *o = v * 2.0;
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_metadata_query_gets_version_0_1_and_no_traits() {
+        #[repr(C)]
+        struct LongerMetadata {
+            metadata: XLA_FFI_Metadata,
+            state_type_id: i64,
+        }
+        let mut metadata = LongerMetadata {
+            metadata: XLA_FFI_Metadata {
+                struct_size: size_of::<LongerMetadata>(),
+                api_version: XLA_FFI_Api_Version {
+                    struct_size: XLA_FFI_Api_Version_STRUCT_SIZE,
+                    extension_start: std::ptr::null_mut(),
+                    major_version: 0,
+                    minor_version: 0,
+                },
+                traits: 7,
+            },
+            state_type_id: 99,
+        };
+        let mut extension = XLA_FFI_Metadata_Extension {
+            extension_base: XLA_FFI_Extension_Base {
+                struct_size: size_of::<XLA_FFI_Metadata_Extension>(),
+                type_: XLA_FFI_Extension_Metadata,
+                next: std::ptr::null_mut(),
+            },
+            metadata: &raw mut metadata.metadata,
+        };
+        let answer = call(
+            31,
+            XLA_FFI_ExecutionStage_EXECUTE,
+            &raw mut extension.extension_base,
+            &mut [],
+            &mut [],
+        );
+        assert_eq!(answer.map(|(_, m)| m), None);
+        assert_eq!(metadata.metadata.api_version.major_version, 0);
+        assert_eq!(metadata.metadata.api_version.minor_version, 1);
+        assert_eq!(
+            metadata.metadata.api_version.struct_size,
+            XLA_FFI_Api_Version_STRUCT_SIZE
+        );
+        assert_eq!(metadata.metadata.traits, 0);
+        assert_eq!(metadata.state_type_id, 99);
+    }
+
+    #[test]
+    fn stages_before_execute_do_not_run_the_kernel() {
+        let kernel = Arc::new(Doubler(AtomicUsize::new(0)));
+        assert!(install(30, "test.stages", kernel.clone()));
+        let (mut x, mut y) = ([1.0f32, 2.0], [0.0f32; 2]);
+        let (mut x_dims, mut y_dims) = ([2i64], [2i64]);
+        let mut xb = buffer(XLA_FFI_DataType_F32, &mut x, &mut x_dims);
+        let mut yb = buffer(XLA_FFI_DataType_F32, &mut y, &mut y_dims);
+        for stage in [
+            XLA_FFI_ExecutionStage_INSTANTIATE,
+            XLA_FFI_ExecutionStage_PREPARE,
+            XLA_FFI_ExecutionStage_INITIALIZE,
+            XLA_FFI_ExecutionStage_EXECUTE,
+        ] {
+            let answer = call(
+                30,
+                stage,
+                std::ptr::null_mut(),
+                &mut [(XLA_FFI_ArgType_BUFFER, &mut xb)],
+                &mut [(XLA_FFI_RetType_BUFFER, &mut yb)],
+            );
+            assert_eq!(answer.map(|(_, m)| m), None);
+        }
+        assert_eq!(kernel.0.load(Ordering::SeqCst), 1);
+        assert_eq!(y, [2.0, 4.0]);
+    }
+
+    #[test]
+    fn operands_the_kernel_cannot_read_are_refused_by_name() {
+        let kernel = Arc::new(Doubler(AtomicUsize::new(0)));
+        assert!(install(29, "test.refusals", kernel.clone()));
+        let (mut x, mut y) = ([1.0f32, 2.0], [0.0f32; 2]);
+        let (mut x_dims, mut y_dims, mut negative_dims) = ([2i64], [2i64], [-2i64]);
+        let mut yb = buffer(XLA_FFI_DataType_F32, &mut y, &mut y_dims);
+        let execute = XLA_FFI_ExecutionStage_EXECUTE;
+        let none = std::ptr::null_mut();
+
+        let mut token = buffer(XLA_FFI_DataType_TOKEN, &mut x, &mut x_dims);
+        let (code, message) = call(
+            29,
+            execute,
+            none,
+            &mut [(XLA_FFI_ArgType_BUFFER, &mut token)],
+            &mut [(XLA_FFI_RetType_BUFFER, &mut yb)],
+        )
+        .expect("a token operand must be refused");
+        assert_eq!(code, XLA_FFI_Error_Code_INVALID_ARGUMENT);
+        assert!(
+            message.contains("`test.refusals`") && message.contains("element type 17"),
+            "{message}"
+        );
+
+        let mut xb = buffer(XLA_FFI_DataType_F32, &mut x, &mut x_dims);
+        let (_, message) = call(
+            29,
+            execute,
+            none,
+            &mut [(7, &mut xb)],
+            &mut [(XLA_FFI_RetType_BUFFER, &mut yb)],
+        )
+        .expect("a non-buffer operand must be refused");
+        assert!(message.contains("operand 0 is not a buffer"), "{message}");
+
+        let mut negative = buffer(XLA_FFI_DataType_F32, &mut x, &mut negative_dims);
+        let (_, message) = call(
+            29,
+            execute,
+            none,
+            &mut [(XLA_FFI_ArgType_BUFFER, &mut negative)],
+            &mut [(XLA_FFI_RetType_BUFFER, &mut yb)],
+        )
+        .expect("a negative dim must be refused");
+        assert!(message.contains("dims [-2]"), "{message}");
+
+        let mut overlapping = buffer(XLA_FFI_DataType_F32, &mut y, &mut x_dims);
+        let (_, message) = call(
+            29,
+            execute,
+            none,
+            &mut [],
+            &mut [
+                (XLA_FFI_RetType_BUFFER, &mut overlapping),
+                (XLA_FFI_RetType_BUFFER, &mut yb),
+            ],
+        )
+        .expect("overlapping results must be refused");
+        assert!(
+            message.contains("result 1 shares memory with result 0"),
+            "{message}"
+        );
+        assert_eq!(kernel.0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn an_empty_slot_answers_with_an_error() {
+        let (code, message) = call(
+            28,
+            XLA_FFI_ExecutionStage_EXECUTE,
+            std::ptr::null_mut(),
+            &mut [],
+            &mut [],
+        )
+        .expect("an empty slot must fail");
+        assert_eq!(code, XLA_FFI_Error_Code_INTERNAL);
+        assert!(message.contains("slot 28"), "{message}");
+    }
+}
