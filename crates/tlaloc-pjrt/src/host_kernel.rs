@@ -230,19 +230,6 @@ pub trait HostKernel: Send + Sync + 'static {
     ) -> std::result::Result<(), String>;
 }
 
-impl Plugin {
-    /// Whether the plugin can register custom-call handlers (its PJRT FFI extension with
-    /// `register_handler`); the error names what is missing.
-    pub fn ffi_handlers_supported(&self) -> Result<()> {
-        xla_ffi::register_handler_entry(self.api())
-            .map(|_| ())
-            .map_err(|reason| Error::FfiUnsupported {
-                path: self.path().to_path_buf(),
-                reason,
-            })
-    }
-}
-
 struct Registration {
     plugin: PathBuf,
     target: String,

@@ -14,6 +14,13 @@
 //! Only the leading fields this crate reads or writes are mirrored (XLA appends fields to these
 //! structs over time and checks `struct_size`); [`LAYOUTS`] records every mirrored field and the
 //! layout test compares them with the C headers.
+//!
+//! `PJRT_FFI_Register_Handler_Args` has had two layouts under the same extension version: one
+//! with an `int api_version` after `target_name_size`, and the one both CPU plugins are built
+//! with (read off their code: `handler` at offset 24, `PJRT_FFI_Register_Handler_Args_STRUCT_SIZE`
+//! 52), which registers typed handlers only. The mirror is the latter; the two cannot be told
+//! apart at run time. A C++ exception thrown inside a plugin call (a malformed argument) cannot
+//! be caught by Rust and aborts the process.
 #![allow(
     non_camel_case_types,
     non_snake_case,
