@@ -315,6 +315,7 @@ pub fn register_host_kernel(
         registry.slots.push((target.to_string(), kernel));
     }
     xla_ffi::register_trampoline(plugin.api(), register, target, HOST_PLATFORM, slot)?;
+    tracing::debug!(plugin = %plugin.path().display(), target, slot, "registered a host kernel");
     registry.registrations.push(Registration {
         plugin: plugin.path().to_path_buf(),
         target: target.to_string(),
