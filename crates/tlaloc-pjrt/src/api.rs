@@ -188,6 +188,14 @@ impl Api {
         self.version
     }
 
+    /// The head of the plugin's extension chain (`PJRT_Api.extension_start`); null when the
+    /// plugin has no extensions.
+    pub(crate) fn extension_start(&self) -> *const ffi::PJRT_Extension_Base {
+        // SAFETY: `load` checked that the table reaches past `pjrt_api_version`, which follows
+        // `extension_start`; the table is static data of the library `self` keeps loaded.
+        unsafe { (&raw const (*self.table).extension_start).read() }
+    }
+
     /// Whether the table reaches past the entry at `offset` (an optional entry may be absent).
     pub(crate) fn covers(&self, offset: usize) -> bool {
         offset + size_of::<usize>() <= self.table_size

@@ -120,6 +120,24 @@ pub enum Error {
     )]
     UnsupportedElementType(i32),
 
+    /// The plugin cannot register custom-call handlers (no usable PJRT FFI extension).
+    #[error("PJRT plugin {path} cannot register custom-call handlers: {reason}")]
+    FfiUnsupported { path: PathBuf, reason: String },
+
+    /// A different host kernel is already registered under this target in this plugin.
+    #[error(
+        "custom-call target `{target}` already has a different host kernel in PJRT plugin \
+         {path}; XLA cannot replace a registered handler"
+    )]
+    HostKernelConflict { path: PathBuf, target: String },
+
+    /// Every host-kernel trampoline of the process is in use.
+    #[error(
+        "cannot register host kernel `{target}`: all {slots} host-kernel slots of this process \
+         are in use"
+    )]
+    HostKernelSlotsExhausted { target: String, slots: usize },
+
     /// Bytes given to `deserialize_executable` were not made by `LoadedExecutable::serialize`.
     #[error("serialized executable refused: {0}")]
     BadSerializedExecutable(String),

@@ -199,6 +199,8 @@ pjrt_consts! {
     PJRT_Buffer_Type_BF16 = 13;
     PJRT_Buffer_Type_F8E4M3FN = 17;
 
+    PJRT_Extension_Type_FFI = 5;
+
     PJRT_HostBufferSemantics_kImmutableOnlyDuringCall = 0;
     PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes = 1;
 }

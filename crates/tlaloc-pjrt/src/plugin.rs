@@ -113,6 +113,17 @@ impl Plugin {
         }
     }
 
+    /// Whether the plugin can register custom-call handlers (its PJRT FFI extension with
+    /// `register_handler`, see [`crate::register_host_kernel`]); the error names what is missing.
+    pub fn ffi_handlers_supported(&self) -> Result<()> {
+        crate::xla_ffi::register_handler_entry(self.api())
+            .map(|_| ())
+            .map_err(|reason| Error::FfiUnsupported {
+                path: self.path().to_path_buf(),
+                reason,
+            })
+    }
+
     /// The `stablehlo_minimum_version` attribute, when present.
     pub fn stablehlo_minimum_version(&self) -> Option<Vec<i64>> {
         match self.attribute("stablehlo_minimum_version")? {

@@ -3,5 +3,7 @@
 
 mod common;
 mod execute;
+mod host_kernel;
 mod layout;
 mod plugin;
+mod xla_ffi_layout;
