@@ -1,0 +1,429 @@
+//! The SIMD inner loops of [`crate::matmul_xwt`]: one chunk of output rows, for every activation row.
+//!
+//! Written once, generically over `pulp::Simd`, and dispatched at run time by `pulp::Arch` (AVX2+FMA,
+//! SSE4.2 or scalar on x86-64, NEON on aarch64), so there are no hand-written intrinsics and no
+//! `unsafe`. A block computes `R` activation rows against `W` weight rows with `R * W` independent
+//! vector accumulators (at most 9, so they stay in registers next to the loaded weights), and every
+//! weight vector loaded is used for all `R` rows.
+//!
+//! bf16 weights are widened without a lane-widening instruction: a vector of 2N bf16 values read as N
+//! u32 lanes holds element `2i` in the low half and `2i + 1` in the high half of lane `i`, so
+//! `lane << 16` and `lane & 0xffff_0000` are the even and odd elements as f32. The activations are
+//! split once per call into matching even and odd halves ([`Activations`]).
+//!
+//! Q8_0 weights are widened block by block: the 32 `i8` codes are converted to f32 in a small buffer
+//! on the stack, dotted with the activations in SIMD, and the block sum is scaled by `d`.
+
+// The accumulators are small const-size arrays indexed by the same `r`/`i` across several arrays;
+// explicit index loops are what keeps them in registers and readable.
+#![allow(clippy::needless_range_loop)]
+
+use crate::{Matrix, Q8_0_BLOCK_BYTES, Q8_0_BLOCK_ELEMS};
+use pulp::Simd;
+
+/// The activations `x [rows, inner]`, with whatever per-call layout the weight type needs.
+#[derive(Debug)]
+pub(crate) struct Activations<'a> {
+    x: &'a [f32],
+    rows: usize,
+    inner: usize,
+    /// For bf16 weights only: `x[n, 2m]` and `x[n, 2m + 1]`, each `[rows, inner / 2]`.
+    even: Vec<f32>,
+    odd: Vec<f32>,
+}
+
+impl<'a> Activations<'a> {
+    pub(crate) fn new(x: &'a [f32], rows: usize, inner: usize, w: &Matrix<'_>) -> Self {
+        let (mut even, mut odd) = (Vec::new(), Vec::new());
+        if let Matrix::Bf16(_) = w {
+            let half = inner / 2;
+            even.reserve_exact(rows * half);
+            odd.reserve_exact(rows * half);
+            for row in x.chunks_exact(inner) {
+                for pair in row.chunks_exact(2) {
+                    even.push(pair[0]);
+                    odd.push(pair[1]);
+                }
+            }
+        }
+        Activations {
+            x,
+            rows,
+            inner,
+            even,
+            odd,
+        }
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn row(&self, n: usize) -> &[f32] {
+        &self.x[n * self.inner..][..self.inner]
+    }
+}
+
+/// Computes output rows `o0 .. o0 + n_out` into `yt` (`[n_out, rows]`), `tile` weight rows at a time.
+pub(crate) fn chunk(
+    acts: &Activations<'_>,
+    w: &Matrix<'_>,
+    o0: usize,
+    n_out: usize,
+    tile: usize,
+    yt: &mut [f32],
+) {
+    let arch = pulp::Arch::new();
+    let inner = acts.inner;
+    match *w {
+        Matrix::F32(w) => arch.dispatch(Chunk {
+            dot: F32Dot {
+                acts,
+                w: &w[o0 * inner..(o0 + n_out) * inner],
+            },
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Bf16(w) => arch.dispatch(Chunk {
+            dot: Bf16Dot {
+                acts,
+                w: &w[o0 * inner..(o0 + n_out) * inner],
+            },
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Q8_0(w) => {
+            let row_bytes = inner / Q8_0_BLOCK_ELEMS * Q8_0_BLOCK_BYTES;
+            arch.dispatch(Chunk {
+                dot: Q8Dot {
+                    acts,
+                    w: &w[o0 * row_bytes..(o0 + n_out) * row_bytes],
+                    row_bytes,
+                },
+                n_out,
+                tile,
+                yt,
+            })
+        }
+    }
+}
+
+/// `R` activation rows (from `r0`) dotted with `W` weight rows (from `o`, relative to the chunk).
+trait Dot {
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R];
+}
+
+struct Chunk<'a, D> {
+    dot: D,
+    n_out: usize,
+    tile: usize,
+    yt: &'a mut [f32],
+}
+
+impl<D: Dot + HasActs> pulp::WithSimd for Chunk<'_, D> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let rows = self.dot.acts().rows;
+        let mut t0 = 0;
+        while t0 < self.n_out {
+            let t1 = (t0 + self.tile).min(self.n_out);
+            let mut r0 = 0;
+            while r0 < rows {
+                // Row blocks of at most 4, with as many weight rows as keep R * W <= 9.
+                let rb = (rows - r0).min(4);
+                match rb {
+                    1 => tile_rows::<S, D, 1, 4>(simd, &self.dot, r0, t0, t1, rows, self.yt),
+                    2 => tile_rows::<S, D, 2, 4>(simd, &self.dot, r0, t0, t1, rows, self.yt),
+                    3 => tile_rows::<S, D, 3, 3>(simd, &self.dot, r0, t0, t1, rows, self.yt),
+                    _ => tile_rows::<S, D, 4, 2>(simd, &self.dot, r0, t0, t1, rows, self.yt),
+                }
+                r0 += rb;
+            }
+            t0 = t1;
+        }
+    }
+}
+
+trait HasActs {
+    fn acts(&self) -> &Activations<'_>;
+}
+
+#[inline(always)]
+fn tile_rows<S: Simd, D: Dot, const R: usize, const W: usize>(
+    simd: S,
+    dot: &D,
+    r0: usize,
+    t0: usize,
+    t1: usize,
+    rows: usize,
+    yt: &mut [f32],
+) {
+    let mut store = |o: usize, res: &[[f32; W]; R], width: usize| {
+        for i in 0..width {
+            for r in 0..R {
+                yt[(o + i) * rows + r0 + r] = res[r][i];
+            }
+        }
+    };
+    let mut o = t0;
+    while o + W <= t1 {
+        let res = dot.dot::<S, R, W>(simd, r0, o);
+        store(o, &res, W);
+        o += W;
+    }
+    while o < t1 {
+        let res = dot.dot::<S, R, 1>(simd, r0, o);
+        let wide: [[f32; W]; R] = core::array::from_fn(|r| {
+            let mut a = [0.0; W];
+            a[0] = res[r][0];
+            a
+        });
+        store(o, &wide, 1);
+        o += 1;
+    }
+}
+
+struct F32Dot<'a> {
+    acts: &'a Activations<'a>,
+    /// The chunk's weight rows.
+    w: &'a [f32],
+}
+
+impl HasActs for F32Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+impl Dot for F32Dot<'_> {
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R] {
+        let inner = self.acts.inner;
+        let mut xs: [&[S::f32s]; R] = [&[]; R];
+        let mut xt: [&[f32]; R] = [&[]; R];
+        for r in 0..R {
+            (xs[r], xt[r]) = S::as_simd_f32s(self.acts.row(r0 + r));
+        }
+        let mut ws: [&[S::f32s]; W] = [&[]; W];
+        let mut wt: [&[f32]; W] = [&[]; W];
+        for i in 0..W {
+            (ws[i], wt[i]) = S::as_simd_f32s(&self.w[(o + i) * inner..][..inner]);
+        }
+        let nv = ws[0].len();
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        for j in 0..nv {
+            let mut wj = [zero; W];
+            for i in 0..W {
+                wj[i] = ws[i][j];
+            }
+            for r in 0..R {
+                let xj = xs[r][j];
+                for i in 0..W {
+                    acc[r][i] = simd.mul_add_e_f32s(xj, wj[i], acc[r][i]);
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                let mut s = simd.reduce_sum_f32s(acc[r][i]);
+                for (a, b) in xt[r].iter().zip(wt[i]) {
+                    s += a * b;
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
+struct Bf16Dot<'a> {
+    acts: &'a Activations<'a>,
+    /// The chunk's weight rows, raw bf16 bits.
+    w: &'a [u16],
+}
+
+impl HasActs for Bf16Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+impl Dot for Bf16Dot<'_> {
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R] {
+        let acts = self.acts;
+        let inner = acts.inner;
+        let half = inner / 2;
+        // The pair trick needs a u16 vector to be exactly a u32 vector (not so for the scalar
+        // fallback, whose "vectors" are single elements): then everything goes to the scalar tail.
+        let paired = size_of::<S::u16s>() == size_of::<S::u32s>();
+        let mut ws: [&[S::u16s]; W] = [&[]; W];
+        let mut wt: [&[u16]; W] = [&[]; W];
+        for i in 0..W {
+            let row = &self.w[(o + i) * inner..][..inner];
+            (ws[i], wt[i]) = if paired {
+                S::as_simd_u16s(row)
+            } else {
+                (&[][..], row)
+            };
+        }
+        let nv = ws[0].len();
+        let tail_start = inner - wt[0].len();
+        let mut xe: [&[S::f32s]; R] = [&[]; R];
+        let mut xo: [&[S::f32s]; R] = [&[]; R];
+        for r in 0..R {
+            let n = r0 + r;
+            xe[r] = S::as_simd_f32s(&acts.even[n * half..][..half]).0;
+            xo[r] = S::as_simd_f32s(&acts.odd[n * half..][..half]).0;
+        }
+        let shift = simd.splat_u32s(16);
+        let high = simd.splat_u32s(0xffff_0000);
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        for j in 0..nv {
+            let mut we = [zero; W];
+            let mut wo = [zero; W];
+            for i in 0..W {
+                let lanes: S::u32s = pulp::bytemuck::cast(ws[i][j]);
+                we[i] = simd.transmute_f32s_u32s(simd.wrapping_dyn_shl_u32s(lanes, shift));
+                wo[i] = simd.transmute_f32s_u32s(simd.and_u32s(lanes, high));
+            }
+            for r in 0..R {
+                let (e, d) = (xe[r][j], xo[r][j]);
+                for i in 0..W {
+                    acc[r][i] = simd.mul_add_e_f32s(e, we[i], acc[r][i]);
+                    acc[r][i] = simd.mul_add_e_f32s(d, wo[i], acc[r][i]);
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            let xt = &acts.row(r0 + r)[tail_start..];
+            for i in 0..W {
+                let mut s = simd.reduce_sum_f32s(acc[r][i]);
+                for (a, &b) in xt.iter().zip(wt[i]) {
+                    s += a * bf16_to_f32(b);
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
+struct Q8Dot<'a> {
+    acts: &'a Activations<'a>,
+    /// The chunk's weight rows, Q8_0 blocks.
+    w: &'a [u8],
+    row_bytes: usize,
+}
+
+impl HasActs for Q8Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+/// IEEE half (binary16) bits to f32, exactly (every f16 is an f32).
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let mant = u32::from(h & 0x3ff);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: value = mant * 2^-24, exact in f32.
+            let v = mant as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (mant << 13),
+    };
+    f32::from_bits(bits)
+}
+
+impl Dot for Q8Dot<'_> {
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R] {
+        let acts = self.acts;
+        let blocks = acts.inner / Q8_0_BLOCK_ELEMS;
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        let mut rows_x: [&[f32]; R] = [&[]; R];
+        for r in 0..R {
+            rows_x[r] = acts.row(r0 + r);
+        }
+        for b in 0..blocks {
+            let mut codes = [[0.0f32; Q8_0_BLOCK_ELEMS]; W];
+            let mut scale = [zero; W];
+            for i in 0..W {
+                let blk =
+                    &self.w[(o + i) * self.row_bytes + b * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
+                scale[i] = simd.splat_f32s(f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])));
+                for (c, &q) in codes[i].iter_mut().zip(&blk[2..]) {
+                    *c = f32::from(q as i8);
+                }
+            }
+            for i in 0..W {
+                let (cv, ct) = S::as_simd_f32s(&codes[i]);
+                for r in 0..R {
+                    let x = &rows_x[r][b * Q8_0_BLOCK_ELEMS..][..Q8_0_BLOCK_ELEMS];
+                    let (xv, xt) = S::as_simd_f32s(x);
+                    let mut part = zero;
+                    for (a, c) in xv.iter().zip(cv) {
+                        part = simd.mul_add_e_f32s(*a, *c, part);
+                    }
+                    // The scalar fallback's tail: there the whole block is a tail.
+                    if !xt.is_empty() {
+                        let mut s = 0.0f32;
+                        for (a, c) in xt.iter().zip(ct) {
+                            s += a * c;
+                        }
+                        let mut lane0 = [0.0f32; 1];
+                        lane0[0] = s;
+                        part = simd.add_f32s(part, simd.partial_load_f32s(&lane0));
+                    }
+                    acc[r][i] = simd.mul_add_e_f32s(part, scale[i], acc[r][i]);
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
+            }
+        }
+        res
+    }
+}
