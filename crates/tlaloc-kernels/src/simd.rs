@@ -6,6 +6,11 @@
 //! vector accumulators (at most 9, so they stay in registers next to the loaded weights), and every
 //! weight vector loaded is used for all `R` rows.
 //!
+//! One x86 instruction is named directly: a software prefetch of the weight rows one group ahead
+//! (through pulp's safe SSE token, [`Prefetch`]). With many activation rows a block computes long
+//! enough that the hardware prefetcher falls behind and memory idles; the hint keeps the stream
+//! going (decode step at 8 rows measured about 1.5x faster on this kind of 2-core box).
+//!
 //! bf16 weights are widened without a lane-widening instruction: a vector of 2N bf16 values read as N
 //! u32 lanes holds element `2i` in the low half and `2i + 1` in the high half of lane `i`, so
 //! `lane << 16` and `lane & 0xffff_0000` are the even and odd elements as f32. The activations are
@@ -20,6 +25,40 @@
 
 use crate::{Matrix, Q8_0_BLOCK_BYTES, Q8_0_BLOCK_ELEMS};
 use pulp::Simd;
+
+/// Software prefetch of weight lines a group of rows ahead, so the memory stream keeps going while a
+/// compute-heavy block (many activation rows) runs; the hardware prefetcher alone stops short there.
+/// Through pulp's SSE token (baseline on x86-64); a no-op elsewhere.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prefetch {
+    #[cfg(target_arch = "x86_64")]
+    sse: Option<pulp::x86::V1>,
+}
+
+impl Prefetch {
+    pub(crate) fn new() -> Self {
+        Prefetch {
+            #[cfg(target_arch = "x86_64")]
+            sse: pulp::x86::V1::try_new(),
+        }
+    }
+
+    /// Hints that the cache line holding `p` will be read soon. `p` need not be in bounds: a
+    /// prefetch never faults.
+    #[inline(always)]
+    fn line<T>(self, p: *const T) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v1) = self.sse {
+            v1.sse
+                ._mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+}
+
+/// Bytes per cache line, the prefetch granule.
+const LINE: usize = 64;
 
 /// The activations `x [rows, inner]`, with whatever per-call layout the weight type needs.
 #[derive(Debug)]
@@ -74,11 +113,13 @@ pub(crate) fn chunk(
     yt: &mut [f32],
 ) {
     let arch = pulp::Arch::new();
+    let pf = Prefetch::new();
     let inner = acts.inner;
     match *w {
         Matrix::F32(w) => arch.dispatch(Chunk {
             dot: F32Dot {
                 acts,
+                pf,
                 w: &w[o0 * inner..(o0 + n_out) * inner],
             },
             n_out,
@@ -88,6 +129,7 @@ pub(crate) fn chunk(
         Matrix::Bf16(w) => arch.dispatch(Chunk {
             dot: Bf16Dot {
                 acts,
+                pf,
                 w: &w[o0 * inner..(o0 + n_out) * inner],
             },
             n_out,
@@ -194,6 +236,7 @@ fn tile_rows<S: Simd, D: Dot, const R: usize, const W: usize>(
 
 struct F32Dot<'a> {
     acts: &'a Activations<'a>,
+    pf: Prefetch,
     /// The chunk's weight rows.
     w: &'a [f32],
 }
@@ -226,7 +269,16 @@ impl Dot for F32Dot<'_> {
         let nv = ws[0].len();
         let zero = simd.splat_f32s(0.0);
         let mut acc = [[zero; W]; R];
+        let vec_bytes = size_of::<S::f32s>();
+        let every = (LINE / vec_bytes).max(1);
+        let ahead = W * inner * size_of::<f32>();
         for j in 0..nv {
+            if j % every == 0 {
+                for i in 0..W {
+                    let p = ws[i].as_ptr().cast::<u8>();
+                    self.pf.line(p.wrapping_add(j * vec_bytes + ahead));
+                }
+            }
             let mut wj = [zero; W];
             for i in 0..W {
                 wj[i] = ws[i][j];
@@ -254,6 +306,7 @@ impl Dot for F32Dot<'_> {
 
 struct Bf16Dot<'a> {
     acts: &'a Activations<'a>,
+    pf: Prefetch,
     /// The chunk's weight rows, raw bf16 bits.
     w: &'a [u16],
 }
@@ -306,7 +359,16 @@ impl Dot for Bf16Dot<'_> {
         let high = simd.splat_u32s(0xffff_0000);
         let zero = simd.splat_f32s(0.0);
         let mut acc = [[zero; W]; R];
+        let vec_bytes = size_of::<S::u16s>();
+        let every = (LINE / vec_bytes).max(1);
+        let ahead = W * inner * size_of::<u16>();
         for j in 0..nv {
+            if j % every == 0 {
+                for i in 0..W {
+                    let p = ws[i].as_ptr().cast::<u8>();
+                    self.pf.line(p.wrapping_add(j * vec_bytes + ahead));
+                }
+            }
             let mut we = [zero; W];
             let mut wo = [zero; W];
             for i in 0..W {
