@@ -16,8 +16,11 @@
 //! `lane << 16` and `lane & 0xffff_0000` are the even and odd elements as f32. The activations are
 //! split once per call into matching even and odd halves ([`Activations`]).
 //!
-//! Q8_0 weights are widened block by block: the 32 `i8` codes are converted to f32 in a small buffer
-//! on the stack, dotted with the activations in SIMD, and the block sum is scaled by `d`.
+//! Q8_0 codes get the same treatment four ways: a vector of 4N bytes read as N u32 lanes holds
+//! elements `4i + k` in byte `k` of lane `i`. Byte `k`, flipped to unsigned (`^ 0x80`) and placed in
+//! the mantissa of 2^23 (`| 0x4b00_0000`), is `2^23 + 128 + code` as an f32; subtracting that bias and
+//! multiplying by the block's scale gives the weight `d * code` exactly (8-bit times 11-bit
+//! significands). The activations are permuted once per call to match ([`Activations`]).
 
 // The accumulators are small const-size arrays indexed by the same `r`/`i` across several arrays;
 // explicit index loops are what keeps them in registers and readable.
@@ -69,6 +72,28 @@ pub(crate) struct Activations<'a> {
     /// For bf16 weights only: `x[n, 2m]` and `x[n, 2m + 1]`, each `[rows, inner / 2]`.
     even: Vec<f32>,
     odd: Vec<f32>,
+    /// For Q8_0 weights only, when the SIMD path applies: each 32-element block permuted so that
+    /// vector `v`, byte `k` of the codes meets `x[32b + 4L·v + 4j + k]` in lane `j` (`L` lanes).
+    q8x: Vec<f32>,
+    /// The lane count `q8x` was permuted for (0: not permuted, scalar path).
+    q8_lanes: usize,
+}
+
+/// The f32 lane count of the SIMD type the dispatcher picks, and whether Q8_0's byte trick applies
+/// to it (a byte vector is a u32 vector, and a block is a whole number of them).
+struct Q8Lanes;
+
+impl pulp::WithSimd for Q8Lanes {
+    type Output = usize;
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) -> usize {
+        let bytes = size_of::<S::u8s>();
+        let usable = bytes == size_of::<S::u32s>()
+            && bytes <= Q8_0_BLOCK_ELEMS
+            && Q8_0_BLOCK_ELEMS % bytes == 0;
+        if usable { S::F32_LANES } else { 0 }
+    }
 }
 
 impl<'a> Activations<'a> {
@@ -85,12 +110,29 @@ impl<'a> Activations<'a> {
                 }
             }
         }
+        let (mut q8x, mut q8_lanes) = (Vec::new(), 0);
+        if let Matrix::Q8_0(_) = w {
+            q8_lanes = pulp::Arch::new().dispatch(Q8Lanes);
+            if q8_lanes > 0 {
+                let l = q8_lanes;
+                q8x.reserve_exact(x.len());
+                for block in x.chunks_exact(Q8_0_BLOCK_ELEMS) {
+                    for v in block.chunks_exact(4 * l) {
+                        for k in 0..4 {
+                            q8x.extend((0..l).map(|j| v[4 * j + k]));
+                        }
+                    }
+                }
+            }
+        }
         Activations {
             x,
             rows,
             inner,
             even,
             odd,
+            q8x,
+            q8_lanes,
         }
     }
 
@@ -141,6 +183,7 @@ pub(crate) fn chunk(
             arch.dispatch(Chunk {
                 dot: Q8Dot {
                     acts,
+                    pf,
                     w: &w[o0 * row_bytes..(o0 + n_out) * row_bytes],
                     row_bytes,
                 },
@@ -401,6 +444,7 @@ impl Dot for Bf16Dot<'_> {
 
 struct Q8Dot<'a> {
     acts: &'a Activations<'a>,
+    pf: Prefetch,
     /// The chunk's weight rows, Q8_0 blocks.
     w: &'a [u8],
     row_bytes: usize,
@@ -430,6 +474,35 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+impl Q8Dot<'_> {
+    /// The block's scale and codes.
+    #[inline(always)]
+    fn block(&self, o: usize, b: usize) -> (f32, &[u8]) {
+        let blk = &self.w[o * self.row_bytes + b * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
+        let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+        (d, &blk[2..])
+    }
+
+    /// Where the dispatcher's SIMD type cannot hold the byte trick (the scalar fallback).
+    fn dot_scalar<const R: usize, const W: usize>(&self, r0: usize, o: usize) -> [[f32; W]; R] {
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            let x = self.acts.row(r0 + r);
+            for i in 0..W {
+                let mut s = 0.0f32;
+                for (b, xb) in x.chunks_exact(Q8_0_BLOCK_ELEMS).enumerate() {
+                    let (d, codes) = self.block(o + i, b);
+                    for (a, &q) in xb.iter().zip(codes) {
+                        s += a * (d * f32::from(q as i8));
+                    }
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
 impl Dot for Q8Dot<'_> {
     #[inline(always)]
     fn dot<S: Simd, const R: usize, const W: usize>(
@@ -439,44 +512,49 @@ impl Dot for Q8Dot<'_> {
         o: usize,
     ) -> [[f32; W]; R] {
         let acts = self.acts;
-        let blocks = acts.inner / Q8_0_BLOCK_ELEMS;
+        let lanes = S::F32_LANES;
+        if acts.q8_lanes != lanes {
+            return self.dot_scalar::<R, W>(r0, o);
+        }
+        let inner = acts.inner;
+        let blocks = inner / Q8_0_BLOCK_ELEMS;
+        let per_block = Q8_0_BLOCK_ELEMS / (4 * lanes);
+        let mut xs: [&[S::f32s]; R] = [&[]; R];
+        for r in 0..R {
+            xs[r] = S::as_simd_f32s(&acts.q8x[(r0 + r) * inner..][..inner]).0;
+        }
+        let flip = simd.splat_u32s(0x8080_8080);
+        let low = simd.splat_u32s(0xff);
+        let magic = simd.splat_u32s(0x4b00_0000);
+        let bias = simd.splat_f32s(8_388_736.0); // 2^23 + 128
         let zero = simd.splat_f32s(0.0);
         let mut acc = [[zero; W]; R];
-        let mut rows_x: [&[f32]; R] = [&[]; R];
-        for r in 0..R {
-            rows_x[r] = acts.row(r0 + r);
-        }
         for b in 0..blocks {
-            let mut codes = [[0.0f32; Q8_0_BLOCK_ELEMS]; W];
-            let mut scale = [zero; W];
             for i in 0..W {
-                let blk =
-                    &self.w[(o + i) * self.row_bytes + b * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
-                scale[i] = simd.splat_f32s(f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])));
-                for (c, &q) in codes[i].iter_mut().zip(&blk[2..]) {
-                    *c = f32::from(q as i8);
+                let (d, codes) = self.block(o + i, b);
+                if b % 2 == 0 {
+                    let ahead = W * self.row_bytes;
+                    self.pf.line(codes.as_ptr().wrapping_add(ahead));
                 }
-            }
-            for i in 0..W {
-                let (cv, ct) = S::as_simd_f32s(&codes[i]);
-                for r in 0..R {
-                    let x = &rows_x[r][b * Q8_0_BLOCK_ELEMS..][..Q8_0_BLOCK_ELEMS];
-                    let (xv, xt) = S::as_simd_f32s(x);
-                    let mut part = zero;
-                    for (a, c) in xv.iter().zip(cv) {
-                        part = simd.mul_add_e_f32s(*a, *c, part);
-                    }
-                    // The scalar fallback's tail: there the whole block is a tail.
-                    if !xt.is_empty() {
-                        let mut s = 0.0f32;
-                        for (a, c) in xt.iter().zip(ct) {
-                            s += a * c;
+                let d = simd.splat_f32s(d);
+                let codes = S::as_simd_u8s(codes).0;
+                for v in 0..per_block {
+                    let lanes_u32: S::u32s = pulp::bytemuck::cast(codes[v]);
+                    let c = simd.xor_u32s(lanes_u32, flip);
+                    for k in 0..4 {
+                        let shifted = simd.wrapping_dyn_shr_u32s(c, simd.splat_u32s(8 * k as u32));
+                        let u = if k == 3 {
+                            shifted
+                        } else {
+                            simd.and_u32s(shifted, low)
+                        };
+                        let f = simd.transmute_f32s_u32s(simd.or_u32s(u, magic));
+                        let wv = simd.mul_f32s(simd.sub_f32s(f, bias), d);
+                        let xi = b * (Q8_0_BLOCK_ELEMS / lanes) + v * 4 + k;
+                        for r in 0..R {
+                            acc[r][i] = simd.mul_add_e_f32s(xs[r][xi], wv, acc[r][i]);
                         }
-                        let mut lane0 = [0.0f32; 1];
-                        lane0[0] = s;
-                        part = simd.add_f32s(part, simd.partial_load_f32s(&lane0));
                     }
-                    acc[r][i] = simd.mul_add_e_f32s(part, scale[i], acc[r][i]);
                 }
             }
         }
@@ -487,5 +565,126 @@ impl Dot for Q8Dot<'_> {
             }
         }
         res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The portable path (pulp's scalar type, what a CPU without the vector features gets) against
+    //! an f64 reference, on the same shapes as the dispatched path's tests. Each weight is exact in
+    //! f32, so `|y - y_ref| <= γ_inner · Σ|x w|` (see `tests/matmul.rs`).
+
+    use super::*;
+    use pulp::WithSimd;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    fn scalar_chunk(acts: &Activations<'_>, w: &Matrix<'_>, out: usize) -> Vec<f32> {
+        let mut yt = vec![f32::NAN; out * acts.rows];
+        let (inner, pf, tile) = (acts.inner, Prefetch::new(), 8);
+        let simd = pulp::Scalar::new();
+        match *w {
+            Matrix::F32(w) => Chunk {
+                dot: F32Dot { acts, pf, w },
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Bf16(w) => Chunk {
+                dot: Bf16Dot { acts, pf, w },
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Q8_0(w) => Chunk {
+                dot: Q8Dot {
+                    acts,
+                    pf,
+                    w,
+                    row_bytes: inner / 32 * 34,
+                },
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+        }
+        yt
+    }
+
+    #[test]
+    fn scalar_fallback_matches_reference() {
+        let mut seed = 42;
+        for (rows, inner, out) in [(1, 64, 5), (3, 96, 7), (5, 33, 9), (8, 576, 6)] {
+            let x: Vec<f32> = (0..rows * inner).map(|_| lcg(&mut seed)).collect();
+            let wf: Vec<f32> = (0..out * inner).map(|_| lcg(&mut seed)).collect();
+            let wb: Vec<u16> = wf.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let mut wq = Vec::new();
+            let mut wq_values = Vec::new();
+            if inner % 32 == 0 {
+                for blk in 0..out * inner / 32 {
+                    let d: u16 = 0x2000 + blk as u16 * 37; // normal f16 scales around 2^-7
+                    wq.extend_from_slice(&d.to_le_bytes());
+                    for e in 0..32 {
+                        let q = ((blk * 31 + e * 7) % 256) as u8;
+                        wq.push(q);
+                        wq_values.push(f64::from(f16_to_f32(d)) * f64::from(q as i8));
+                    }
+                }
+            }
+            let cases: Vec<(Matrix<'_>, Vec<f64>)> = [
+                Some((Matrix::F32(&wf), wf.iter().map(|&v| f64::from(v)).collect())),
+                Some((
+                    Matrix::Bf16(&wb),
+                    wb.iter()
+                        .map(|&b| f64::from(f32::from_bits(u32::from(b) << 16)))
+                        .collect(),
+                )),
+                (inner % 32 == 0).then(|| (Matrix::Q8_0(&wq), wq_values.clone())),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let nu = inner as f64 * f64::from(f32::EPSILON) / 2.0;
+            let gamma = nu / (1.0 - nu);
+            for (w, w64) in cases {
+                let acts = Activations::new(&x, rows, inner, &w);
+                let yt = scalar_chunk(&acts, &w, out);
+                for n in 0..rows {
+                    for o in 0..out {
+                        let (mut s, mut m) = (0.0f64, 0.0f64);
+                        for k in 0..inner {
+                            let p = f64::from(x[n * inner + k]) * w64[o * inner + k];
+                            s += p;
+                            m += p.abs();
+                        }
+                        let got = f64::from(yt[o * rows + n]);
+                        assert!(
+                            (got - s).abs() <= gamma * m,
+                            "{} rows={rows} inner={inner}: y[{n},{o}] = {got}, want {s}",
+                            w.dtype()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_decoding() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x83ff), -1023.0 * 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
     }
 }
