@@ -197,6 +197,9 @@ pub(crate) fn chunk(
 
 /// `R` activation rows (from `r0`) dotted with `W` weight rows (from `o`, relative to the chunk).
 trait Dot {
+    /// Whether blocks of up to 8 activation rows pay (each weight vector widened once for all).
+    const WIDE_ROWS: bool = false;
+
     fn dot<S: Simd, const R: usize, const W: usize>(
         &self,
         simd: S,
@@ -223,13 +226,75 @@ impl<D: Dot + HasActs> pulp::WithSimd for Chunk<'_, D> {
             let t1 = (t0 + self.tile).min(self.n_out);
             let mut r0 = 0;
             while r0 < rows {
-                // Row blocks of at most 4, with as many weight rows as keep R * W <= 9.
-                let rb = (rows - r0).min(4);
+                // Row blocks of at most 4, with as many weight rows as keep R * W <= 9; up to 8
+                // rows in one block where widening the weights costs more than the FMAs (Q8_0).
+                let rb = (rows - r0).min(if D::WIDE_ROWS { 8 } else { 4 });
+                let (dot, yt) = (&self.dot, &mut *self.yt);
                 match rb {
-                    1 => tile_rows::<S, D, 1, 4>(simd, &self.dot, r0, t0, t1, rows, self.yt),
-                    2 => tile_rows::<S, D, 2, 4>(simd, &self.dot, r0, t0, t1, rows, self.yt),
-                    3 => tile_rows::<S, D, 3, 3>(simd, &self.dot, r0, t0, t1, rows, self.yt),
-                    _ => tile_rows::<S, D, 4, 2>(simd, &self.dot, r0, t0, t1, rows, self.yt),
+                    1 => simd.vectorize(TileRows::<D, 1, 4> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    2 => simd.vectorize(TileRows::<D, 2, 4> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    3 => simd.vectorize(TileRows::<D, 3, 3> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    4 => simd.vectorize(TileRows::<D, 4, 2> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    5 => simd.vectorize(TileRows::<D, 5, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    6 => simd.vectorize(TileRows::<D, 6, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    7 => simd.vectorize(TileRows::<D, 7, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    _ => simd.vectorize(TileRows::<D, 8, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
                 }
                 r0 += rb;
             }
@@ -240,6 +305,34 @@ impl<D: Dot + HasActs> pulp::WithSimd for Chunk<'_, D> {
 
 trait HasActs {
     fn acts(&self) -> &Activations<'_>;
+}
+
+/// One row block over one tile, as its own vectorized function: one function holding every
+/// `(R, W)` variant grows past what the compiler unrolls, and the accumulators end up in memory.
+struct TileRows<'a, D, const R: usize, const W: usize> {
+    dot: &'a D,
+    r0: usize,
+    t0: usize,
+    t1: usize,
+    rows: usize,
+    yt: &'a mut [f32],
+}
+
+impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, D, R, W> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let TileRows {
+            dot,
+            r0,
+            t0,
+            t1,
+            rows,
+            yt,
+        } = self;
+        tile_rows::<S, D, R, W>(simd, dot, r0, t0, t1, rows, yt);
+    }
 }
 
 #[inline(always)]
@@ -504,6 +597,8 @@ impl Q8Dot<'_> {
 }
 
 impl Dot for Q8Dot<'_> {
+    const WIDE_ROWS: bool = true;
+
     #[inline(always)]
     fn dot<S: Simd, const R: usize, const W: usize>(
         &self,
