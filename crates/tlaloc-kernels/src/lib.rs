@@ -1,0 +1,229 @@
+//! Host matmul kernels for the CPU serving path: `y = x · wᵀ` with the weight matrix as stored in the
+//! artifact (`[out, inner]`, row-major; f32, bf16 or GGUF Q8_0).
+//!
+//! Decode multiplies a handful of activation rows by every weight matrix once per step, so the work is
+//! bound by memory bandwidth, not arithmetic. The design decision that follows: each weight row is
+//! streamed from memory exactly once per call and used for *all* activation rows while it is in cache.
+//! The output rows (`out`) are split into chunks run on all cores through rayon; inside a chunk the
+//! weights are walked in cache-sized tiles, and each tile is applied to every block of activation rows
+//! before the next tile is loaded. The SIMD inner loops live in [`simd`] and are dispatched at run
+//! time on the CPU's features (the binary is built for baseline x86-64).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod simd;
+
+use rayon::prelude::*;
+
+/// A weight matrix `[out, inner]`, row-major, as stored in the artifact.
+#[derive(Debug, Clone, Copy)]
+pub enum Matrix<'a> {
+    /// f32 elements, `out * inner` of them.
+    F32(&'a [f32]),
+    /// Raw bf16 bits (the upper half of an f32), `out * inner` of them.
+    Bf16(&'a [u16]),
+    /// GGUF Q8_0 blocks: each row is `inner / 32` blocks of 34 bytes, a little-endian f16 scale `d`
+    /// followed by 32 `i8` codes; element value = `d * code`. Needs `inner % 32 == 0`.
+    Q8_0(&'a [u8]),
+}
+
+impl Matrix<'_> {
+    fn dtype(&self) -> &'static str {
+        match self {
+            Matrix::F32(_) => "f32",
+            Matrix::Bf16(_) => "bf16",
+            Matrix::Q8_0(_) => "Q8_0",
+        }
+    }
+
+    /// Number of storage units in the slice (elements, or bytes for Q8_0).
+    fn len(&self) -> usize {
+        match self {
+            Matrix::F32(s) => s.len(),
+            Matrix::Bf16(s) => s.len(),
+            Matrix::Q8_0(s) => s.len(),
+        }
+    }
+}
+
+/// Elements per Q8_0 block.
+pub const Q8_0_BLOCK_ELEMS: usize = 32;
+/// Bytes per Q8_0 block: an f16 scale and 32 `i8` codes.
+pub const Q8_0_BLOCK_BYTES: usize = 34;
+
+/// Why a kernel call was refused.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// An operand's slice does not have the length its shape needs.
+    #[error(
+        "matmul_xwt: operand `{operand}` ({dtype}) has {actual} {unit}, but its shape {shape} needs {expected}"
+    )]
+    Shape {
+        /// `x`, `w` or `y`.
+        operand: &'static str,
+        /// The operand's element type.
+        dtype: &'static str,
+        /// The shape it was given, e.g. `[rows=2, inner=576]`.
+        shape: String,
+        /// What the slice length should be.
+        expected: usize,
+        /// What it is.
+        actual: usize,
+        /// `elements` or `bytes`.
+        unit: &'static str,
+    },
+    /// A shape whose element count does not fit in `usize`.
+    #[error("matmul_xwt: operand `{operand}` shape {shape} overflows usize")]
+    Overflow {
+        /// `x`, `w` or `y`.
+        operand: &'static str,
+        /// The shape it was given.
+        shape: String,
+    },
+    /// Q8_0 weights whose rows are not whole blocks.
+    #[error("matmul_xwt: Q8_0 weights need inner to be a multiple of 32, got inner = {inner}")]
+    Q8_0InnerNotBlockMultiple {
+        /// The inner length given.
+        inner: usize,
+    },
+}
+
+/// `y[n, o] = Σ_k x[n, k] · w[o, k]` (`y = x · wᵀ`): `x` is `[rows, inner]` f32, `w` is `[out, inner]`,
+/// `y` is `[rows, out]` f32 and is overwritten. Runs on the current rayon pool (all cores by default;
+/// call inside `ThreadPool::install` to choose).
+///
+/// Accumulation is in f32; bf16 and Q8_0 weights are widened to f32 inside the loop.
+pub fn matmul_xwt(
+    x: &[f32],
+    rows: usize,
+    inner: usize,
+    w: Matrix<'_>,
+    out: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    check_len("x", "f32", x.len(), &[("rows", rows), ("inner", inner)], 1)?;
+    check_len("y", "f32", y.len(), &[("rows", rows), ("out", out)], 1)?;
+    let w_dims = [("out", out), ("inner", inner)];
+    match w {
+        Matrix::F32(_) | Matrix::Bf16(_) => check_len("w", w.dtype(), w.len(), &w_dims, 1)?,
+        Matrix::Q8_0(_) => {
+            if inner % Q8_0_BLOCK_ELEMS != 0 {
+                return Err(KernelError::Q8_0InnerNotBlockMultiple { inner });
+            }
+            // Bytes = out * inner * 34 / 32, exact because inner is whole blocks.
+            let blocks_dims = [("out", out), ("inner/32", inner / Q8_0_BLOCK_ELEMS)];
+            check_len("w", "Q8_0", w.len(), &blocks_dims, Q8_0_BLOCK_BYTES)?;
+        }
+    }
+    if rows == 0 || out == 0 {
+        return Ok(());
+    }
+    if inner == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+
+    let acts = simd::Activations::new(x, rows, inner, &w);
+    let row_bytes = match w {
+        Matrix::F32(_) => inner * 4,
+        Matrix::Bf16(_) => inner * 2,
+        Matrix::Q8_0(_) => inner / Q8_0_BLOCK_ELEMS * Q8_0_BLOCK_BYTES,
+    };
+    let plan = Plan::new(out, row_bytes);
+
+    if rows == 1 {
+        // y [1, out] is already laid out as the transposed [out, 1] buffer.
+        run_chunks(&acts, &w, &plan, y);
+    } else {
+        let mut yt = vec![0.0f32; out * rows];
+        run_chunks(&acts, &w, &plan, &mut yt);
+        for (o, col) in yt.chunks_exact(rows).enumerate() {
+            for (n, &v) in col.iter().enumerate() {
+                y[n * out + o] = v;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How the output rows are split: `chunk` rows per parallel task, `tile` rows per cache tile.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    chunk: usize,
+    tile: usize,
+    parallel: bool,
+}
+
+/// Below this many weight bytes a call runs on the calling thread: waking the pool costs more.
+const PARALLEL_MIN_BYTES: usize = 128 * 1024;
+/// Weight bytes per cache tile: re-read from L1/L2 for each block of activation rows.
+const TILE_BYTES: usize = 32 * 1024;
+/// Tasks per pool thread, so a core slowed by a neighbour does not hold up the call.
+const TASKS_PER_THREAD: usize = 8;
+
+impl Plan {
+    fn new(out: usize, row_bytes: usize) -> Self {
+        let tile = (TILE_BYTES / row_bytes.max(1)).max(4) / 4 * 4;
+        let threads = rayon::current_num_threads();
+        let parallel = threads > 1 && out.saturating_mul(row_bytes) >= PARALLEL_MIN_BYTES;
+        let chunk = if parallel {
+            let tasks = threads * TASKS_PER_THREAD;
+            out.div_ceil(tasks).next_multiple_of(4)
+        } else {
+            out
+        };
+        Plan {
+            chunk,
+            tile,
+            parallel,
+        }
+    }
+}
+
+/// Computes `yt[o, n]` (the transposed output, `[out, rows]`) for every output row.
+fn run_chunks(acts: &simd::Activations<'_>, w: &Matrix<'_>, plan: &Plan, yt: &mut [f32]) {
+    let rows = acts.rows();
+    let work = |(c, ytc): (usize, &mut [f32])| {
+        let o0 = c * plan.chunk;
+        simd::chunk(acts, w, o0, ytc.len() / rows, plan.tile, ytc);
+    };
+    if plan.parallel {
+        yt.par_chunks_mut(plan.chunk * rows)
+            .enumerate()
+            .for_each(work);
+    } else {
+        yt.chunks_mut(plan.chunk * rows).enumerate().for_each(work);
+    }
+}
+
+fn check_len(
+    operand: &'static str,
+    dtype: &'static str,
+    actual: usize,
+    dims: &[(&str, usize)],
+    unit_size: usize,
+) -> Result<(), KernelError> {
+    let shape = || {
+        let parts: Vec<String> = dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        format!("[{}]", parts.join(", "))
+    };
+    let expected = dims
+        .iter()
+        .try_fold(unit_size, |acc, &(_, v)| acc.checked_mul(v))
+        .ok_or_else(|| KernelError::Overflow {
+            operand,
+            shape: shape(),
+        })?;
+    if actual != expected {
+        return Err(KernelError::Shape {
+            operand,
+            dtype,
+            shape: shape(),
+            expected,
+            actual,
+            unit: if unit_size == 1 { "elements" } else { "bytes" },
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,785 @@
+//! The SIMD inner loops of [`crate::matmul_xwt`]: one chunk of output rows, for every activation row.
+//!
+//! Written once, generically over `pulp::Simd`, and dispatched at run time by `pulp::Arch` (AVX2+FMA,
+//! SSE4.2 or scalar on x86-64, NEON on aarch64), so there are no hand-written intrinsics and no
+//! `unsafe`. A block computes `R` activation rows against `W` weight rows with `R * W` independent
+//! vector accumulators (at most 9, so they stay in registers next to the loaded weights), and every
+//! weight vector loaded is used for all `R` rows.
+//!
+//! One x86 instruction is named directly: a software prefetch of the weight rows one group ahead
+//! (through pulp's safe SSE token, [`Prefetch`]). With many activation rows a block computes long
+//! enough that the hardware prefetcher falls behind and memory idles; the hint keeps the stream
+//! going (decode step at 8 rows measured about 1.5x faster on this kind of 2-core box).
+//!
+//! bf16 weights are widened without a lane-widening instruction: a vector of 2N bf16 values read as N
+//! u32 lanes holds element `2i` in the low half and `2i + 1` in the high half of lane `i`, so
+//! `lane << 16` and `lane & 0xffff_0000` are the even and odd elements as f32. The activations are
+//! split once per call into matching even and odd halves ([`Activations`]).
+//!
+//! Q8_0 codes get the same treatment four ways: a vector of 4N bytes read as N u32 lanes holds
+//! elements `4i + k` in byte `k` of lane `i`. Byte `k`, flipped to unsigned (`^ 0x80`) and placed in
+//! the mantissa of 2^23 (`| 0x4b00_0000`), is `2^23 + 128 + code` as an f32; subtracting that bias and
+//! multiplying by the block's scale gives the weight `d * code` exactly (8-bit times 11-bit
+//! significands). The activations are permuted once per call to match ([`Activations`]).
+
+// The accumulators are small const-size arrays indexed by the same `r`/`i` across several arrays;
+// explicit index loops are what keeps them in registers and readable.
+#![allow(clippy::needless_range_loop)]
+
+use crate::{Matrix, Q8_0_BLOCK_BYTES, Q8_0_BLOCK_ELEMS};
+use pulp::Simd;
+
+/// Software prefetch of weight lines a group of rows ahead, so the memory stream keeps going while a
+/// compute-heavy block (many activation rows) runs; the hardware prefetcher alone stops short there.
+/// Through pulp's SSE token (baseline on x86-64); a no-op elsewhere.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prefetch {
+    #[cfg(target_arch = "x86_64")]
+    sse: Option<pulp::x86::V1>,
+}
+
+impl Prefetch {
+    pub(crate) fn new() -> Self {
+        Prefetch {
+            #[cfg(target_arch = "x86_64")]
+            sse: pulp::x86::V1::try_new(),
+        }
+    }
+
+    /// Hints that the cache line holding `p` will be read soon. `p` need not be in bounds: a
+    /// prefetch never faults.
+    #[inline(always)]
+    fn line<T>(self, p: *const T) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v1) = self.sse {
+            v1.sse
+                ._mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+}
+
+/// Bytes per cache line, the prefetch granule.
+const LINE: usize = 64;
+
+/// The activations `x [rows, inner]`, with whatever per-call layout the weight type needs.
+#[derive(Debug)]
+pub(crate) struct Activations<'a> {
+    x: &'a [f32],
+    rows: usize,
+    inner: usize,
+    /// For bf16 weights only: `x[n, 2m]` and `x[n, 2m + 1]`, each `[rows, inner / 2]`.
+    even: Vec<f32>,
+    odd: Vec<f32>,
+    /// For Q8_0 weights only, when the SIMD path applies: each 32-element block permuted so that
+    /// vector `v`, byte `k` of the codes meets `x[32b + 4L·v + 4j + k]` in lane `j` (`L` lanes).
+    q8x: Vec<f32>,
+    /// The lane count `q8x` was permuted for (0: not permuted, scalar path).
+    q8_lanes: usize,
+}
+
+/// The f32 lane count of the SIMD type the dispatcher picks, and whether Q8_0's byte trick applies
+/// to it (a byte vector is a u32 vector, and a block is a whole number of them).
+struct Q8Lanes;
+
+impl pulp::WithSimd for Q8Lanes {
+    type Output = usize;
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) -> usize {
+        let bytes = size_of::<S::u8s>();
+        let usable = bytes == size_of::<S::u32s>()
+            && bytes <= Q8_0_BLOCK_ELEMS
+            && Q8_0_BLOCK_ELEMS % bytes == 0;
+        if usable { S::F32_LANES } else { 0 }
+    }
+}
+
+impl<'a> Activations<'a> {
+    pub(crate) fn new(x: &'a [f32], rows: usize, inner: usize, w: &Matrix<'_>) -> Self {
+        let (mut even, mut odd) = (Vec::new(), Vec::new());
+        if let Matrix::Bf16(_) = w {
+            let half = inner / 2;
+            even.reserve_exact(rows * half);
+            odd.reserve_exact(rows * half);
+            for row in x.chunks_exact(inner) {
+                for pair in row.chunks_exact(2) {
+                    even.push(pair[0]);
+                    odd.push(pair[1]);
+                }
+            }
+        }
+        let (mut q8x, mut q8_lanes) = (Vec::new(), 0);
+        if let Matrix::Q8_0(_) = w {
+            q8_lanes = pulp::Arch::new().dispatch(Q8Lanes);
+            if q8_lanes > 0 {
+                let l = q8_lanes;
+                q8x.reserve_exact(x.len());
+                for block in x.chunks_exact(Q8_0_BLOCK_ELEMS) {
+                    for v in block.chunks_exact(4 * l) {
+                        for k in 0..4 {
+                            q8x.extend((0..l).map(|j| v[4 * j + k]));
+                        }
+                    }
+                }
+            }
+        }
+        Activations {
+            x,
+            rows,
+            inner,
+            even,
+            odd,
+            q8x,
+            q8_lanes,
+        }
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn row(&self, n: usize) -> &[f32] {
+        &self.x[n * self.inner..][..self.inner]
+    }
+}
+
+/// Computes output rows `o0 .. o0 + n_out` into `yt` (`[n_out, rows]`), `tile` weight rows at a time.
+pub(crate) fn chunk(
+    acts: &Activations<'_>,
+    w: &Matrix<'_>,
+    o0: usize,
+    n_out: usize,
+    tile: usize,
+    yt: &mut [f32],
+) {
+    let arch = pulp::Arch::new();
+    let pf = Prefetch::new();
+    let inner = acts.inner;
+    match *w {
+        Matrix::F32(w) => arch.dispatch(Chunk {
+            dot: F32Dot {
+                acts,
+                pf,
+                w: &w[o0 * inner..(o0 + n_out) * inner],
+            },
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Bf16(w) => arch.dispatch(Chunk {
+            dot: Bf16Dot {
+                acts,
+                pf,
+                w: &w[o0 * inner..(o0 + n_out) * inner],
+            },
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Q8_0(w) => {
+            let row_bytes = inner / Q8_0_BLOCK_ELEMS * Q8_0_BLOCK_BYTES;
+            arch.dispatch(Chunk {
+                dot: Q8Dot {
+                    acts,
+                    pf,
+                    w: &w[o0 * row_bytes..(o0 + n_out) * row_bytes],
+                    row_bytes,
+                },
+                n_out,
+                tile,
+                yt,
+            })
+        }
+    }
+}
+
+/// `R` activation rows (from `r0`) dotted with `W` weight rows (from `o`, relative to the chunk).
+trait Dot {
+    /// Whether blocks of up to 8 activation rows pay (each weight vector widened once for all).
+    const WIDE_ROWS: bool = false;
+
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R];
+}
+
+struct Chunk<'a, D> {
+    dot: D,
+    n_out: usize,
+    tile: usize,
+    yt: &'a mut [f32],
+}
+
+impl<D: Dot + HasActs> pulp::WithSimd for Chunk<'_, D> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let rows = self.dot.acts().rows;
+        let mut t0 = 0;
+        while t0 < self.n_out {
+            let t1 = (t0 + self.tile).min(self.n_out);
+            let mut r0 = 0;
+            while r0 < rows {
+                // Row blocks of at most 4, with as many weight rows as keep R * W <= 9; up to 8
+                // rows in one block where widening the weights costs more than the FMAs (Q8_0).
+                let rb = (rows - r0).min(if D::WIDE_ROWS { 8 } else { 4 });
+                let (dot, yt) = (&self.dot, &mut *self.yt);
+                match rb {
+                    1 => simd.vectorize(TileRows::<D, 1, 4> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    2 => simd.vectorize(TileRows::<D, 2, 4> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    3 => simd.vectorize(TileRows::<D, 3, 3> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    4 => simd.vectorize(TileRows::<D, 4, 2> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    5 => simd.vectorize(TileRows::<D, 5, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    6 => simd.vectorize(TileRows::<D, 6, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    7 => simd.vectorize(TileRows::<D, 7, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                    _ => simd.vectorize(TileRows::<D, 8, 1> {
+                        dot,
+                        r0,
+                        t0,
+                        t1,
+                        rows,
+                        yt,
+                    }),
+                }
+                r0 += rb;
+            }
+            t0 = t1;
+        }
+    }
+}
+
+trait HasActs {
+    fn acts(&self) -> &Activations<'_>;
+}
+
+/// One row block over one tile, as its own vectorized function: one function holding every
+/// `(R, W)` variant grows past what the compiler unrolls, and the accumulators end up in memory.
+struct TileRows<'a, D, const R: usize, const W: usize> {
+    dot: &'a D,
+    r0: usize,
+    t0: usize,
+    t1: usize,
+    rows: usize,
+    yt: &'a mut [f32],
+}
+
+impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, D, R, W> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let TileRows {
+            dot,
+            r0,
+            t0,
+            t1,
+            rows,
+            yt,
+        } = self;
+        tile_rows::<S, D, R, W>(simd, dot, r0, t0, t1, rows, yt);
+    }
+}
+
+#[inline(always)]
+fn tile_rows<S: Simd, D: Dot, const R: usize, const W: usize>(
+    simd: S,
+    dot: &D,
+    r0: usize,
+    t0: usize,
+    t1: usize,
+    rows: usize,
+    yt: &mut [f32],
+) {
+    let mut store = |o: usize, res: &[[f32; W]; R], width: usize| {
+        for i in 0..width {
+            for r in 0..R {
+                yt[(o + i) * rows + r0 + r] = res[r][i];
+            }
+        }
+    };
+    let mut o = t0;
+    while o + W <= t1 {
+        let res = dot.dot::<S, R, W>(simd, r0, o);
+        store(o, &res, W);
+        o += W;
+    }
+    while o < t1 {
+        let res = dot.dot::<S, R, 1>(simd, r0, o);
+        let wide: [[f32; W]; R] = core::array::from_fn(|r| {
+            let mut a = [0.0; W];
+            a[0] = res[r][0];
+            a
+        });
+        store(o, &wide, 1);
+        o += 1;
+    }
+}
+
+struct F32Dot<'a> {
+    acts: &'a Activations<'a>,
+    pf: Prefetch,
+    /// The chunk's weight rows.
+    w: &'a [f32],
+}
+
+impl HasActs for F32Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+impl Dot for F32Dot<'_> {
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R] {
+        let inner = self.acts.inner;
+        let mut xs: [&[S::f32s]; R] = [&[]; R];
+        let mut xt: [&[f32]; R] = [&[]; R];
+        for r in 0..R {
+            (xs[r], xt[r]) = S::as_simd_f32s(self.acts.row(r0 + r));
+        }
+        let mut ws: [&[S::f32s]; W] = [&[]; W];
+        let mut wt: [&[f32]; W] = [&[]; W];
+        for i in 0..W {
+            (ws[i], wt[i]) = S::as_simd_f32s(&self.w[(o + i) * inner..][..inner]);
+        }
+        let nv = ws[0].len();
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        let vec_bytes = size_of::<S::f32s>();
+        let every = (LINE / vec_bytes).max(1);
+        let ahead = W * inner * size_of::<f32>();
+        for j in 0..nv {
+            if j % every == 0 {
+                for i in 0..W {
+                    let p = ws[i].as_ptr().cast::<u8>();
+                    self.pf.line(p.wrapping_add(j * vec_bytes + ahead));
+                }
+            }
+            let mut wj = [zero; W];
+            for i in 0..W {
+                wj[i] = ws[i][j];
+            }
+            for r in 0..R {
+                let xj = xs[r][j];
+                for i in 0..W {
+                    acc[r][i] = simd.mul_add_e_f32s(xj, wj[i], acc[r][i]);
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                let mut s = simd.reduce_sum_f32s(acc[r][i]);
+                for (a, b) in xt[r].iter().zip(wt[i]) {
+                    s += a * b;
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
+struct Bf16Dot<'a> {
+    acts: &'a Activations<'a>,
+    pf: Prefetch,
+    /// The chunk's weight rows, raw bf16 bits.
+    w: &'a [u16],
+}
+
+impl HasActs for Bf16Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+impl Dot for Bf16Dot<'_> {
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R] {
+        let acts = self.acts;
+        let inner = acts.inner;
+        let half = inner / 2;
+        // The pair trick needs a u16 vector to be exactly a u32 vector (not so for the scalar
+        // fallback, whose "vectors" are single elements): then everything goes to the scalar tail.
+        let paired = size_of::<S::u16s>() == size_of::<S::u32s>();
+        let mut ws: [&[S::u16s]; W] = [&[]; W];
+        let mut wt: [&[u16]; W] = [&[]; W];
+        for i in 0..W {
+            let row = &self.w[(o + i) * inner..][..inner];
+            (ws[i], wt[i]) = if paired {
+                S::as_simd_u16s(row)
+            } else {
+                (&[][..], row)
+            };
+        }
+        let nv = ws[0].len();
+        let tail_start = inner - wt[0].len();
+        let mut xe: [&[S::f32s]; R] = [&[]; R];
+        let mut xo: [&[S::f32s]; R] = [&[]; R];
+        for r in 0..R {
+            let n = r0 + r;
+            xe[r] = S::as_simd_f32s(&acts.even[n * half..][..half]).0;
+            xo[r] = S::as_simd_f32s(&acts.odd[n * half..][..half]).0;
+        }
+        let shift = simd.splat_u32s(16);
+        let high = simd.splat_u32s(0xffff_0000);
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        let vec_bytes = size_of::<S::u16s>();
+        let every = (LINE / vec_bytes).max(1);
+        let ahead = W * inner * size_of::<u16>();
+        for j in 0..nv {
+            if j % every == 0 {
+                for i in 0..W {
+                    let p = ws[i].as_ptr().cast::<u8>();
+                    self.pf.line(p.wrapping_add(j * vec_bytes + ahead));
+                }
+            }
+            let mut we = [zero; W];
+            let mut wo = [zero; W];
+            for i in 0..W {
+                let lanes: S::u32s = pulp::bytemuck::cast(ws[i][j]);
+                we[i] = simd.transmute_f32s_u32s(simd.wrapping_dyn_shl_u32s(lanes, shift));
+                wo[i] = simd.transmute_f32s_u32s(simd.and_u32s(lanes, high));
+            }
+            for r in 0..R {
+                let (e, d) = (xe[r][j], xo[r][j]);
+                for i in 0..W {
+                    acc[r][i] = simd.mul_add_e_f32s(e, we[i], acc[r][i]);
+                    acc[r][i] = simd.mul_add_e_f32s(d, wo[i], acc[r][i]);
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            let xt = &acts.row(r0 + r)[tail_start..];
+            for i in 0..W {
+                let mut s = simd.reduce_sum_f32s(acc[r][i]);
+                for (a, &b) in xt.iter().zip(wt[i]) {
+                    s += a * bf16_to_f32(b);
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
+struct Q8Dot<'a> {
+    acts: &'a Activations<'a>,
+    pf: Prefetch,
+    /// The chunk's weight rows, Q8_0 blocks.
+    w: &'a [u8],
+    row_bytes: usize,
+}
+
+impl HasActs for Q8Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+/// IEEE half (binary16) bits to f32, exactly (every f16 is an f32).
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let mant = u32::from(h & 0x3ff);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: value = mant * 2^-24, exact in f32.
+            let v = mant as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (mant << 13),
+    };
+    f32::from_bits(bits)
+}
+
+impl Q8Dot<'_> {
+    /// The block's scale and codes.
+    #[inline(always)]
+    fn block(&self, o: usize, b: usize) -> (f32, &[u8]) {
+        let blk = &self.w[o * self.row_bytes + b * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
+        let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+        (d, &blk[2..])
+    }
+
+    /// Where the dispatcher's SIMD type cannot hold the byte trick (the scalar fallback).
+    fn dot_scalar<const R: usize, const W: usize>(&self, r0: usize, o: usize) -> [[f32; W]; R] {
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            let x = self.acts.row(r0 + r);
+            for i in 0..W {
+                let mut s = 0.0f32;
+                for (b, xb) in x.chunks_exact(Q8_0_BLOCK_ELEMS).enumerate() {
+                    let (d, codes) = self.block(o + i, b);
+                    for (a, &q) in xb.iter().zip(codes) {
+                        s += a * (d * f32::from(q as i8));
+                    }
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
+impl Dot for Q8Dot<'_> {
+    const WIDE_ROWS: bool = true;
+
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+    ) -> [[f32; W]; R] {
+        let acts = self.acts;
+        let lanes = S::F32_LANES;
+        if acts.q8_lanes != lanes {
+            return self.dot_scalar::<R, W>(r0, o);
+        }
+        let inner = acts.inner;
+        let blocks = inner / Q8_0_BLOCK_ELEMS;
+        let per_block = Q8_0_BLOCK_ELEMS / (4 * lanes);
+        let mut xs: [&[S::f32s]; R] = [&[]; R];
+        for r in 0..R {
+            xs[r] = S::as_simd_f32s(&acts.q8x[(r0 + r) * inner..][..inner]).0;
+        }
+        let flip = simd.splat_u32s(0x8080_8080);
+        let low = simd.splat_u32s(0xff);
+        let magic = simd.splat_u32s(0x4b00_0000);
+        let bias = simd.splat_f32s(8_388_736.0); // 2^23 + 128
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        for b in 0..blocks {
+            for i in 0..W {
+                let (d, codes) = self.block(o + i, b);
+                if b % 2 == 0 {
+                    let ahead = W * self.row_bytes;
+                    self.pf.line(codes.as_ptr().wrapping_add(ahead));
+                }
+                let d = simd.splat_f32s(d);
+                let codes = S::as_simd_u8s(codes).0;
+                for v in 0..per_block {
+                    let lanes_u32: S::u32s = pulp::bytemuck::cast(codes[v]);
+                    let c = simd.xor_u32s(lanes_u32, flip);
+                    for k in 0..4 {
+                        let shifted = simd.wrapping_dyn_shr_u32s(c, simd.splat_u32s(8 * k as u32));
+                        let u = if k == 3 {
+                            shifted
+                        } else {
+                            simd.and_u32s(shifted, low)
+                        };
+                        let f = simd.transmute_f32s_u32s(simd.or_u32s(u, magic));
+                        let wv = simd.mul_f32s(simd.sub_f32s(f, bias), d);
+                        let xi = b * (Q8_0_BLOCK_ELEMS / lanes) + v * 4 + k;
+                        for r in 0..R {
+                            acc[r][i] = simd.mul_add_e_f32s(xs[r][xi], wv, acc[r][i]);
+                        }
+                    }
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
+            }
+        }
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The portable path (pulp's scalar type, what a CPU without the vector features gets) against
+    //! an f64 reference, on the same shapes as the dispatched path's tests. Each weight is exact in
+    //! f32, so `|y - y_ref| <= γ_inner · Σ|x w|` (see `tests/matmul.rs`).
+
+    use super::*;
+    use pulp::WithSimd;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    fn scalar_chunk(acts: &Activations<'_>, w: &Matrix<'_>, out: usize) -> Vec<f32> {
+        let mut yt = vec![f32::NAN; out * acts.rows];
+        let (inner, pf, tile) = (acts.inner, Prefetch::new(), 8);
+        let simd = pulp::Scalar::new();
+        match *w {
+            Matrix::F32(w) => Chunk {
+                dot: F32Dot { acts, pf, w },
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Bf16(w) => Chunk {
+                dot: Bf16Dot { acts, pf, w },
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Q8_0(w) => Chunk {
+                dot: Q8Dot {
+                    acts,
+                    pf,
+                    w,
+                    row_bytes: inner / 32 * 34,
+                },
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+        }
+        yt
+    }
+
+    #[test]
+    fn scalar_fallback_matches_reference() {
+        let mut seed = 42;
+        for (rows, inner, out) in [(1, 64, 5), (3, 96, 7), (5, 33, 9), (8, 576, 6)] {
+            let x: Vec<f32> = (0..rows * inner).map(|_| lcg(&mut seed)).collect();
+            let wf: Vec<f32> = (0..out * inner).map(|_| lcg(&mut seed)).collect();
+            let wb: Vec<u16> = wf.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let mut wq = Vec::new();
+            let mut wq_values = Vec::new();
+            if inner % 32 == 0 {
+                for blk in 0..out * inner / 32 {
+                    let d: u16 = 0x2000 + blk as u16 * 37; // normal f16 scales around 2^-7
+                    wq.extend_from_slice(&d.to_le_bytes());
+                    for e in 0..32 {
+                        let q = ((blk * 31 + e * 7) % 256) as u8;
+                        wq.push(q);
+                        wq_values.push(f64::from(f16_to_f32(d)) * f64::from(q as i8));
+                    }
+                }
+            }
+            let cases: Vec<(Matrix<'_>, Vec<f64>)> = [
+                Some((Matrix::F32(&wf), wf.iter().map(|&v| f64::from(v)).collect())),
+                Some((
+                    Matrix::Bf16(&wb),
+                    wb.iter()
+                        .map(|&b| f64::from(f32::from_bits(u32::from(b) << 16)))
+                        .collect(),
+                )),
+                (inner % 32 == 0).then(|| (Matrix::Q8_0(&wq), wq_values.clone())),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let nu = inner as f64 * f64::from(f32::EPSILON) / 2.0;
+            let gamma = nu / (1.0 - nu);
+            for (w, w64) in cases {
+                let acts = Activations::new(&x, rows, inner, &w);
+                let yt = scalar_chunk(&acts, &w, out);
+                for n in 0..rows {
+                    for o in 0..out {
+                        let (mut s, mut m) = (0.0f64, 0.0f64);
+                        for k in 0..inner {
+                            let p = f64::from(x[n * inner + k]) * w64[o * inner + k];
+                            s += p;
+                            m += p.abs();
+                        }
+                        let got = f64::from(yt[o * rows + n]);
+                        assert!(
+                            (got - s).abs() <= gamma * m,
+                            "{} rows={rows} inner={inner}: y[{n},{o}] = {got}, want {s}",
+                            w.dtype()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_decoding() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x83ff), -1023.0 * 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
+    }
+}

@@ -1,0 +1,298 @@
+//! `matmul_xwt` against a scalar f64 reference on seeded random inputs, for f32, bf16 and Q8_0
+//! weights, odd shapes (not multiples of any SIMD width), and the shape checks.
+//!
+//! Error bound. Every f32 input is exact in f64, and the reference sums the exact products in f64
+//! (relative error ~1e-16, negligible here). The kernel forms each product once and adds it into an
+//! f32 sum along some tree (lanes, accumulators, the final reduction, the scalar tail): each term
+//! sees at most `n` roundings of unit roundoff `u = 2^-24`, so by the standard dot-product bound
+//! (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1)
+//!
+//! `|y - y_ref| <= γ_n · Σ_k |x_k · w_k|`, with `γ_n = n·u / (1 - n·u)`,
+//!
+//! with `n = inner`: the weights reach the products exactly as f32 (widening bf16 is exact, and a
+//! Q8_0 weight `d * code` has at most 11 + 8 significant bits).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tlaloc_kernels::{KernelError, Matrix, matmul_xwt};
+
+const ROWS: [usize; 6] = [1, 2, 3, 5, 8, 17];
+/// (inner, out): tiny, odd, just over a vector width, and a real projection width with odd out.
+const SHAPES: [(usize, usize); 6] = [(1, 1), (7, 3), (17, 5), (67, 13), (129, 9), (576, 37)];
+
+fn gamma(n: usize) -> f64 {
+    let nu = n as f64 * f64::from(f32::EPSILON) / 2.0;
+    nu / (1.0 - nu)
+}
+
+fn random_f32(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn bf16_bits(v: f32) -> u16 {
+    // Round to nearest even, as a checkpoint converter would (NaN never produced here).
+    let b = v.to_bits();
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+fn bf16_value(b: u16) -> f64 {
+    f64::from(f32::from_bits(u32::from(b) << 16))
+}
+
+/// IEEE binary16 decoded from its definition, independently of the kernel's bit manipulation.
+fn f16_value(h: u16) -> f64 {
+    let sign = if h >> 15 == 1 { -1.0 } else { 1.0 };
+    let exp = i32::from((h >> 10) & 0x1f);
+    let mant = f64::from(h & 0x3ff);
+    assert!(exp != 0x1f, "test scales are finite");
+    if exp == 0 {
+        sign * mant * 2f64.powi(-24)
+    } else {
+        sign * (1.0 + mant / 1024.0) * 2f64.powi(exp - 15)
+    }
+}
+
+/// Reference: y[n, o] and the bound's Σ|x w| for each entry, given the weights as f64.
+fn reference(x: &[f32], rows: usize, inner: usize, w: &[f64], out: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0.0; rows * out];
+    let mut mag = vec![0.0; rows * out];
+    for n in 0..rows {
+        for o in 0..out {
+            let (mut s, mut a) = (0.0f64, 0.0f64);
+            for k in 0..inner {
+                let p = f64::from(x[n * inner + k]) * w[o * inner + k];
+                s += p;
+                a += p.abs();
+            }
+            y[n * out + o] = s;
+            mag[n * out + o] = a;
+        }
+    }
+    (y, mag)
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64], mag: &[f64], n_terms: usize, out: usize) {
+    let g = gamma(n_terms);
+    for (idx, ((&y, &r), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let err = (f64::from(y) - r).abs();
+        assert!(
+            err <= g * m,
+            "{what}: y[{}, {}] = {y}, reference {r}, |err| {err:e} > γ_{n_terms}·Σ|xw| = {:e}",
+            idx / out,
+            idx % out,
+            g * m
+        );
+    }
+}
+
+#[test]
+fn f32_weights_match_reference() {
+    let mut rng = StdRng::seed_from_u64(32);
+    for &(inner, out) in &SHAPES {
+        let w = random_f32(&mut rng, out * inner);
+        let w64: Vec<f64> = w.iter().map(|&v| f64::from(v)).collect();
+        for &rows in &ROWS {
+            let x = random_f32(&mut rng, rows * inner);
+            let mut y = vec![f32::NAN; rows * out];
+            matmul_xwt(&x, rows, inner, Matrix::F32(&w), out, &mut y).unwrap();
+            let (want, mag) = reference(&x, rows, inner, &w64, out);
+            let what = format!("f32 rows={rows} inner={inner} out={out}");
+            assert_close(&what, &y, &want, &mag, inner, out);
+        }
+    }
+}
+
+#[test]
+fn bf16_weights_match_reference() {
+    let mut rng = StdRng::seed_from_u64(16);
+    for &(inner, out) in &SHAPES {
+        let w: Vec<u16> = random_f32(&mut rng, out * inner)
+            .into_iter()
+            .map(bf16_bits)
+            .collect();
+        let w64: Vec<f64> = w.iter().map(|&b| bf16_value(b)).collect();
+        for &rows in &ROWS {
+            let x = random_f32(&mut rng, rows * inner);
+            let mut y = vec![f32::NAN; rows * out];
+            matmul_xwt(&x, rows, inner, Matrix::Bf16(&w), out, &mut y).unwrap();
+            let (want, mag) = reference(&x, rows, inner, &w64, out);
+            let what = format!("bf16 rows={rows} inner={inner} out={out}");
+            assert_close(&what, &y, &want, &mag, inner, out);
+        }
+    }
+}
+
+/// Random Q8_0 rows and their values: scales spread over f16's normal range around 2^-8 .. 2^4,
+/// one block per matrix with a subnormal scale, codes over the whole i8 range.
+fn random_q8_0(rng: &mut StdRng, out: usize, inner: usize) -> (Vec<u8>, Vec<f64>) {
+    let blocks = out * inner / 32;
+    let mut bytes = Vec::with_capacity(blocks * 34);
+    let mut values = Vec::with_capacity(out * inner);
+    for b in 0..blocks {
+        let d: u16 = if b == blocks / 2 {
+            rng.random_range(1..0x400) // subnormal
+        } else {
+            let sign = u16::from(rng.random::<bool>()) << 15;
+            sign | (rng.random_range(7u16..19) << 10) | rng.random_range(0..0x400)
+        };
+        bytes.extend_from_slice(&d.to_le_bytes());
+        let scale = f16_value(d);
+        for _ in 0..32 {
+            let q: i8 = rng.random();
+            bytes.push(q as u8);
+            values.push(scale * f64::from(q));
+        }
+    }
+    (bytes, values)
+}
+
+#[test]
+fn q8_0_weights_match_reference() {
+    let mut rng = StdRng::seed_from_u64(8);
+    for &(inner, out) in &[(32, 1), (32, 7), (96, 5), (576, 13), (1536, 3)] {
+        let (w, w64) = random_q8_0(&mut rng, out, inner);
+        for &rows in &ROWS {
+            let x = random_f32(&mut rng, rows * inner);
+            let mut y = vec![f32::NAN; rows * out];
+            matmul_xwt(&x, rows, inner, Matrix::Q8_0(&w), out, &mut y).unwrap();
+            let (want, mag) = reference(&x, rows, inner, &w64, out);
+            let what = format!("Q8_0 rows={rows} inner={inner} out={out}");
+            assert_close(&what, &y, &want, &mag, inner, out);
+        }
+    }
+}
+
+/// Large enough for the parallel path (over 128 KiB of weights), in pools of 1 and 4 threads: the
+/// result is the reference's within the bound, and bit-identical however the rows are chunked
+/// (each output's summation order does not depend on the chunking).
+#[test]
+fn parallel_chunks_match_reference_and_single_thread() {
+    let mut rng = StdRng::seed_from_u64(7777);
+    let (rows, inner, out) = (5, 1031, 71);
+    let wf = random_f32(&mut rng, out * inner);
+    let wb: Vec<u16> = wf.iter().map(|&v| bf16_bits(v)).collect();
+    let (inner_q, out_q) = (1024, 163);
+    let (wq, wq64) = random_q8_0(&mut rng, out_q, inner_q);
+    let x = random_f32(&mut rng, rows * inner);
+    let xq = random_f32(&mut rng, rows * inner_q);
+    let f32_values = wf.iter().map(|&v| f64::from(v)).collect();
+    let bf16_values = wb.iter().map(|&b| bf16_value(b)).collect();
+    let cases = [
+        ("f32", Matrix::F32(&wf), &x, inner, out, f32_values),
+        ("bf16", Matrix::Bf16(&wb), &x, inner, out, bf16_values),
+        ("Q8_0", Matrix::Q8_0(&wq), &xq, inner_q, out_q, wq64),
+    ];
+    for (name, w, x, inner, out, w64) in cases {
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut y = vec![f32::NAN; rows * out];
+            pool.install(|| matmul_xwt(x, rows, inner, w, out, &mut y))
+                .unwrap();
+            y
+        };
+        let (y1, y4) = (run(1), run(4));
+        let (want, mag) = reference(x, rows, inner, &w64, out);
+        assert_close(&format!("{name} 4 threads"), &y4, &want, &mag, inner, out);
+        let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y1), bits(&y4), "{name}: 1 vs 4 threads differ");
+    }
+}
+
+#[test]
+fn empty_dimensions() {
+    let mut y = vec![f32::NAN; 6];
+    matmul_xwt(&[], 2, 0, Matrix::F32(&[]), 3, &mut y).unwrap();
+    assert_eq!(y, vec![0.0; 6], "inner = 0 gives zeros");
+    matmul_xwt(&[], 0, 4, Matrix::Bf16(&[0; 12]), 3, &mut []).unwrap();
+    matmul_xwt(&[0.0; 8], 2, 4, Matrix::F32(&[]), 0, &mut []).unwrap();
+}
+
+fn shape_err(r: Result<(), KernelError>) -> (&'static str, usize, usize, String) {
+    match r {
+        Err(e @ KernelError::Shape { .. }) => {
+            let msg = e.to_string();
+            let KernelError::Shape {
+                operand,
+                expected,
+                actual,
+                ..
+            } = e
+            else {
+                unreachable!()
+            };
+            (operand, expected, actual, msg)
+        }
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
+
+#[test]
+fn shape_mismatches_are_refused_by_operand() {
+    let (rows, inner, out) = (2, 5, 3);
+    let x = vec![0.0f32; rows * inner];
+    let w = vec![0.0f32; out * inner];
+    let mut y = vec![0.0f32; rows * out];
+
+    let (op, want, got, msg) = shape_err(matmul_xwt(
+        &x[1..],
+        rows,
+        inner,
+        Matrix::F32(&w),
+        out,
+        &mut y,
+    ));
+    assert_eq!((op, want, got), ("x", 10, 9));
+    assert!(
+        msg.contains("`x`") && msg.contains("rows=2, inner=5"),
+        "{msg}"
+    );
+
+    let (op, want, got, msg) = shape_err(matmul_xwt(
+        &x,
+        rows,
+        inner,
+        Matrix::Bf16(&[0u16; 14]),
+        out,
+        &mut y,
+    ));
+    assert_eq!((op, want, got), ("w", 15, 14));
+    assert!(
+        msg.contains("bf16") && msg.contains("out=3, inner=5"),
+        "{msg}"
+    );
+
+    let (op, want, got, _) = shape_err(matmul_xwt(
+        &x,
+        rows,
+        inner,
+        Matrix::F32(&w),
+        out,
+        &mut y[..5],
+    ));
+    assert_eq!((op, want, got), ("y", 6, 5));
+
+    let q = vec![0u8; 3 * 34];
+    let (op, want, got, msg) = shape_err(matmul_xwt(
+        &vec![0.0; 64],
+        2,
+        32,
+        Matrix::Q8_0(&q[..100]),
+        3,
+        &mut y,
+    ));
+    assert_eq!((op, want, got), ("w", 102, 100));
+    assert!(msg.contains("bytes"), "{msg}");
+
+    let err = matmul_xwt(&vec![0.0; 66], 2, 33, Matrix::Q8_0(&q), 3, &mut y).unwrap_err();
+    assert_eq!(err, KernelError::Q8_0InnerNotBlockMultiple { inner: 33 });
+    assert!(err.to_string().contains("multiple of 32"), "{err}");
+
+    let err = matmul_xwt(&x, usize::MAX, 2, Matrix::F32(&w), out, &mut y).unwrap_err();
+    assert!(
+        matches!(err, KernelError::Overflow { operand: "x", .. }),
+        "{err:?}"
+    );
+}
