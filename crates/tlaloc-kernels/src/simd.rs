@@ -226,75 +226,32 @@ impl<D: Dot + HasActs> pulp::WithSimd for Chunk<'_, D> {
             let t1 = (t0 + self.tile).min(self.n_out);
             let mut r0 = 0;
             while r0 < rows {
-                // Row blocks of at most 4, with as many weight rows as keep R * W <= 9; up to 8
-                // rows in one block where widening the weights costs more than the FMAs (Q8_0).
+                // f32/bf16: blocks of at most 4 rows, with as many weight rows as keep R * W <= 9.
+                // Q8_0: up to 8 rows against one weight row (two for a single row), each weight
+                // vector widened once for all of them; more weight rows at once measured up to 2x
+                // slower (the widening's dependency chains outgrow the out-of-order window).
                 let rb = (rows - r0).min(if D::WIDE_ROWS { 8 } else { 4 });
-                let (dot, yt) = (&self.dot, &mut *self.yt);
-                match rb {
-                    1 => simd.vectorize(TileRows::<D, 1, 4> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    2 => simd.vectorize(TileRows::<D, 2, 4> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    3 => simd.vectorize(TileRows::<D, 3, 3> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    4 => simd.vectorize(TileRows::<D, 4, 2> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    5 => simd.vectorize(TileRows::<D, 5, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    6 => simd.vectorize(TileRows::<D, 6, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    7 => simd.vectorize(TileRows::<D, 7, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    _ => simd.vectorize(TileRows::<D, 8, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
+                let b = Block {
+                    dot: &self.dot,
+                    r0,
+                    t0,
+                    t1,
+                    rows,
+                };
+                let yt = &mut *self.yt;
+                match (D::WIDE_ROWS, rb) {
+                    (false, 1) => b.run::<S, 1, 4>(simd, yt),
+                    (false, 2) => b.run::<S, 2, 4>(simd, yt),
+                    (false, 3) => b.run::<S, 3, 3>(simd, yt),
+                    (false, _) => b.run::<S, 4, 2>(simd, yt),
+                    (true, 1) => b.run::<S, 1, 2>(simd, yt),
+                    (true, 2) => b.run::<S, 2, 1>(simd, yt),
+                    (true, 3) => b.run::<S, 3, 1>(simd, yt),
+                    (true, 4) => b.run::<S, 4, 1>(simd, yt),
+                    (true, 5) => b.run::<S, 5, 1>(simd, yt),
+                    (true, 6) => b.run::<S, 6, 1>(simd, yt),
+                    (true, 7) => b.run::<S, 7, 1>(simd, yt),
+                    (true, _) => b.run::<S, 8, 1>(simd, yt),
                 }
                 r0 += rb;
             }
@@ -307,31 +264,43 @@ trait HasActs {
     fn acts(&self) -> &Activations<'_>;
 }
 
-/// One row block over one tile, as its own vectorized function: one function holding every
-/// `(R, W)` variant grows past what the compiler unrolls, and the accumulators end up in memory.
-struct TileRows<'a, D, const R: usize, const W: usize> {
+/// Rows `r0..r0 + R` over weight rows `t0..t1` of a chunk.
+#[derive(Clone, Copy)]
+struct Block<'a, D> {
     dot: &'a D,
     r0: usize,
     t0: usize,
     t1: usize,
     rows: usize,
-    yt: &'a mut [f32],
 }
 
-impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, D, R, W> {
+impl<D: Dot> Block<'_, D> {
+    /// Each `(R, W)` variant is its own vectorized function: one function holding every variant
+    /// grows past what the compiler unrolls, and the accumulators end up in memory.
+    #[inline(always)]
+    fn run<S: Simd, const R: usize, const W: usize>(self, simd: S, yt: &mut [f32]) {
+        simd.vectorize(TileRows::<D, R, W> { b: self, yt });
+    }
+}
+
+struct TileRows<'a, 'b, D, const R: usize, const W: usize> {
+    b: Block<'a, D>,
+    yt: &'b mut [f32],
+}
+
+impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, '_, D, R, W> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        let TileRows {
+        let Block {
             dot,
             r0,
             t0,
             t1,
             rows,
-            yt,
-        } = self;
-        tile_rows::<S, D, R, W>(simd, dot, r0, t0, t1, rows, yt);
+        } = self.b;
+        tile_rows::<S, D, R, W>(simd, dot, r0, t0, t1, rows, self.yt);
     }
 }
 
