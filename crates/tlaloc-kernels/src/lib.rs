@@ -6,7 +6,7 @@
 //! streamed from memory exactly once per call and used for *all* activation rows while it is in cache.
 //! The output rows (`out`) are split into chunks run on all cores through rayon; inside a chunk the
 //! weights are walked in cache-sized tiles, and each tile is applied to every block of activation rows
-//! before the next tile is loaded. The SIMD inner loops live in [`simd`] and are dispatched at run
+//! before the next tile is loaded. The SIMD inner loops live in `simd` and are dispatched at run
 //! time on the CPU's features (the binary is built for baseline x86-64).
 
 #![forbid(unsafe_code)]
