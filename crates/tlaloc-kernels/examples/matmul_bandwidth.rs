@@ -1,6 +1,8 @@
 //! Weight bandwidth of `matmul_xwt` on SmolLM2-135M's projection shapes, at decode row counts.
 //!
-//! `cargo run --release -p tlaloc-kernels --example matmul_bandwidth [-- --quick]`
+//! `cargo run --release -p tlaloc-kernels --example matmul_bandwidth [-- --quick] [-- --dtype bf16]`
+//!
+//! `--quick` measures f32 only; `--dtype` one of `f32`, `bf16`, `q8_0`.
 //!
 //! Each shape is measured cold: enough copies of the matrix are cycled through (at least 256 MiB)
 //! that every call streams its weights from memory, not from cache, as a decode step does. GB/s
@@ -193,11 +195,18 @@ fn main() {
         .num_threads(1)
         .build()
         .expect("a one-thread pool");
-    let dtypes: &[Dtype] = if quick {
-        &[Dtype::F32]
-    } else {
-        &[Dtype::F32, Dtype::Bf16, Dtype::Q8_0]
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--dtype")
+        .and_then(|i| args.get(i + 1));
+    let all = [Dtype::F32, Dtype::Bf16, Dtype::Q8_0];
+    let dtypes: Vec<Dtype> = match only {
+        Some(name) => all.into_iter().filter(|d| d.name() == name).collect(),
+        None if quick => vec![Dtype::F32],
+        None => all.to_vec(),
     };
+    assert!(!dtypes.is_empty(), "--dtype takes f32, bf16 or q8_0");
     let mut fill = Fill(0x9e37_79b9_7f4a_7c15);
 
     let buf: Vec<f32> = (0..COLD_BYTES / 4).map(|i| (i % 3) as f32).collect();
@@ -218,7 +227,7 @@ fn main() {
         "{:<5} {:<8} {:>13} {:>4} | {:>9} {:>7} {:>4} ({threads} threads) | {:>9} {:>7} {:>4} (1 thread)",
         "dtype", "matrix", "[out, inner]", "rows", "ms", "GB/s", "cpu", "ms", "GB/s", "cpu"
     );
-    for &dtype in dtypes {
+    for &dtype in &dtypes {
         for &(name, out, inner) in &SHAPES {
             let bytes = dtype.bytes(out, inner);
             let copies = COLD_BYTES.div_ceil(bytes).max(2);
@@ -253,7 +262,7 @@ fn main() {
         "{:<5} {:>9} {:>4} | {:>9} {:>7} {:>4} ({threads} threads)",
         "dtype", "MB", "rows", "ms/step", "GB/s", "cpu"
     );
-    for &dtype in dtypes {
+    for &dtype in &dtypes {
         let mut layers = Vec::with_capacity(LAYERS * 4);
         for _ in 0..LAYERS {
             for &(_, out, inner) in &SHAPES[..4] {

@@ -6,7 +6,7 @@
 //! streamed from memory exactly once per call and used for *all* activation rows while it is in cache.
 //! The output rows (`out`) are split into chunks run on all cores through rayon; inside a chunk the
 //! weights are walked in cache-sized tiles, and each tile is applied to every block of activation rows
-//! before the next tile is loaded. The SIMD inner loops live in [`simd`] and are dispatched at run
+//! before the next tile is loaded. The SIMD inner loops live in `simd` and are dispatched at run
 //! time on the CPU's features (the binary is built for baseline x86-64).
 
 #![forbid(unsafe_code)]
@@ -93,7 +93,11 @@ pub enum KernelError {
 /// `y` is `[rows, out]` f32 and is overwritten. Runs on the current rayon pool (all cores by default;
 /// call inside `ThreadPool::install` to choose).
 ///
-/// Accumulation is in f32; bf16 and Q8_0 weights are widened to f32 inside the loop.
+/// Accumulation is in f32; bf16 and Q8_0 weights are widened to f32 inside the loop (exactly: every
+/// bf16 and every Q8_0 `d * code` is an f32). Each output's error is within `γ_inner · Σ_k |x w|`
+/// (`γ_n = n·u / (1 - n·u)`, `u = 2^-24`), and its bits do not depend on the thread count.
+/// Matrices under 128 KiB run on the calling thread. Allocates per call: the transposed output for
+/// `rows > 1`, and a permuted copy of `x` for bf16 and Q8_0 (both `rows * inner` or smaller).
 pub fn matmul_xwt(
     x: &[f32],
     rows: usize,

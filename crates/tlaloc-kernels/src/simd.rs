@@ -6,10 +6,12 @@
 //! vector accumulators (at most 9, so they stay in registers next to the loaded weights), and every
 //! weight vector loaded is used for all `R` rows.
 //!
-//! One x86 instruction is named directly: a software prefetch of the weight rows one group ahead
-//! (through pulp's safe SSE token, [`Prefetch`]). With many activation rows a block computes long
-//! enough that the hardware prefetcher falls behind and memory idles; the hint keeps the stream
-//! going (decode step at 8 rows measured about 1.5x faster on this kind of 2-core box).
+//! One x86 instruction is named directly: a software prefetch of the weight rows ahead (through
+//! pulp's safe SSE token, [`Prefetch`]): one group ahead when a tile is walked once, the next tile
+//! when it is walked once per block of activation rows. With many rows a block computes long enough
+//! that the hardware prefetcher falls behind and memory idles; the hint keeps the stream going (the
+//! decode step's matmuls at 8 rows, f32, measured about 2x faster on a shared 2-core EPYC:
+//! 150-165 ms without prefetch, 71 ms with).
 //!
 //! bf16 weights are widened without a lane-widening instruction: a vector of 2N bf16 values read as N
 //! u32 lanes holds element `2i` in the low half and `2i + 1` in the high half of lane `i`, so
@@ -195,7 +197,8 @@ pub(crate) fn chunk(
     }
 }
 
-/// `R` activation rows (from `r0`) dotted with `W` weight rows (from `o`, relative to the chunk).
+/// `R` activation rows (from `r0`) dotted with `W` weight rows (from `o`, relative to the chunk),
+/// prefetching the rows `ahead` rows further on.
 trait Dot {
     /// Whether blocks of up to 8 activation rows pay (each weight vector widened once for all).
     const WIDE_ROWS: bool = false;
@@ -205,6 +208,7 @@ trait Dot {
         simd: S,
         r0: usize,
         o: usize,
+        ahead: usize,
     ) -> [[f32; W]; R];
 }
 
@@ -226,75 +230,38 @@ impl<D: Dot + HasActs> pulp::WithSimd for Chunk<'_, D> {
             let t1 = (t0 + self.tile).min(self.n_out);
             let mut r0 = 0;
             while r0 < rows {
-                // Row blocks of at most 4, with as many weight rows as keep R * W <= 9; up to 8
-                // rows in one block where widening the weights costs more than the FMAs (Q8_0).
-                let rb = (rows - r0).min(if D::WIDE_ROWS { 8 } else { 4 });
-                let (dot, yt) = (&self.dot, &mut *self.yt);
-                match rb {
-                    1 => simd.vectorize(TileRows::<D, 1, 4> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    2 => simd.vectorize(TileRows::<D, 2, 4> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    3 => simd.vectorize(TileRows::<D, 3, 3> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    4 => simd.vectorize(TileRows::<D, 4, 2> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    5 => simd.vectorize(TileRows::<D, 5, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    6 => simd.vectorize(TileRows::<D, 6, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    7 => simd.vectorize(TileRows::<D, 7, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
-                    _ => simd.vectorize(TileRows::<D, 8, 1> {
-                        dot,
-                        r0,
-                        t0,
-                        t1,
-                        rows,
-                        yt,
-                    }),
+                // f32/bf16: blocks of at most 4 rows, with as many weight rows as keep R * W <= 9.
+                // Q8_0: up to 8 rows against one weight row (two for a single row), each weight
+                // vector widened once for all of them; more weight rows at once measured up to 2x
+                // slower (the widening's dependency chains outgrow the out-of-order window).
+                let max_rb = if D::WIDE_ROWS { 8 } else { 4 };
+                let rb = (rows - r0).min(max_rb);
+                // One pass over the tile: prefetch one group of weight rows ahead. Several passes
+                // (more rows than a block): the later ones read the tile from cache, so prefetch
+                // the next tile, keeping memory busy through every pass.
+                let ahead = if rows > max_rb { self.tile } else { 0 };
+                let b = Block {
+                    dot: &self.dot,
+                    r0,
+                    t0,
+                    t1,
+                    rows,
+                    ahead,
+                };
+                let yt = &mut *self.yt;
+                match (D::WIDE_ROWS, rb) {
+                    (false, 1) => b.run::<S, 1, 4>(simd, yt),
+                    (false, 2) => b.run::<S, 2, 4>(simd, yt),
+                    (false, 3) => b.run::<S, 3, 3>(simd, yt),
+                    (false, _) => b.run::<S, 4, 2>(simd, yt),
+                    (true, 1) => b.run::<S, 1, 2>(simd, yt),
+                    (true, 2) => b.run::<S, 2, 1>(simd, yt),
+                    (true, 3) => b.run::<S, 3, 1>(simd, yt),
+                    (true, 4) => b.run::<S, 4, 1>(simd, yt),
+                    (true, 5) => b.run::<S, 5, 1>(simd, yt),
+                    (true, 6) => b.run::<S, 6, 1>(simd, yt),
+                    (true, 7) => b.run::<S, 7, 1>(simd, yt),
+                    (true, _) => b.run::<S, 8, 1>(simd, yt),
                 }
                 r0 += rb;
             }
@@ -307,31 +274,47 @@ trait HasActs {
     fn acts(&self) -> &Activations<'_>;
 }
 
-/// One row block over one tile, as its own vectorized function: one function holding every
-/// `(R, W)` variant grows past what the compiler unrolls, and the accumulators end up in memory.
-struct TileRows<'a, D, const R: usize, const W: usize> {
+/// Rows `r0..r0 + R` over weight rows `t0..t1` of a chunk.
+#[derive(Clone, Copy)]
+struct Block<'a, D> {
     dot: &'a D,
     r0: usize,
     t0: usize,
     t1: usize,
     rows: usize,
-    yt: &'a mut [f32],
+    /// Weight rows to prefetch ahead; 0 for one group (`W`).
+    ahead: usize,
 }
 
-impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, D, R, W> {
+impl<D: Dot> Block<'_, D> {
+    /// Each `(R, W)` variant is its own vectorized function: one function holding every variant
+    /// grows past what the compiler unrolls, and the accumulators end up in memory.
+    #[inline(always)]
+    fn run<S: Simd, const R: usize, const W: usize>(self, simd: S, yt: &mut [f32]) {
+        simd.vectorize(TileRows::<D, R, W> { b: self, yt });
+    }
+}
+
+struct TileRows<'a, 'b, D, const R: usize, const W: usize> {
+    b: Block<'a, D>,
+    yt: &'b mut [f32],
+}
+
+impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, '_, D, R, W> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        let TileRows {
+        let Block {
             dot,
             r0,
             t0,
             t1,
             rows,
-            yt,
-        } = self;
-        tile_rows::<S, D, R, W>(simd, dot, r0, t0, t1, rows, yt);
+            ahead,
+        } = self.b;
+        let ahead = if ahead == 0 { W } else { ahead };
+        tile_rows::<S, D, R, W>(simd, dot, (r0, t0, t1, rows, ahead), self.yt);
     }
 }
 
@@ -339,10 +322,7 @@ impl<D: Dot, const R: usize, const W: usize> pulp::WithSimd for TileRows<'_, D, 
 fn tile_rows<S: Simd, D: Dot, const R: usize, const W: usize>(
     simd: S,
     dot: &D,
-    r0: usize,
-    t0: usize,
-    t1: usize,
-    rows: usize,
+    (r0, t0, t1, rows, ahead): (usize, usize, usize, usize, usize),
     yt: &mut [f32],
 ) {
     let mut store = |o: usize, res: &[[f32; W]; R], width: usize| {
@@ -354,12 +334,12 @@ fn tile_rows<S: Simd, D: Dot, const R: usize, const W: usize>(
     };
     let mut o = t0;
     while o + W <= t1 {
-        let res = dot.dot::<S, R, W>(simd, r0, o);
+        let res = dot.dot::<S, R, W>(simd, r0, o, ahead);
         store(o, &res, W);
         o += W;
     }
     while o < t1 {
-        let res = dot.dot::<S, R, 1>(simd, r0, o);
+        let res = dot.dot::<S, R, 1>(simd, r0, o, ahead);
         let wide: [[f32; W]; R] = core::array::from_fn(|r| {
             let mut a = [0.0; W];
             a[0] = res[r][0];
@@ -390,6 +370,7 @@ impl Dot for F32Dot<'_> {
         simd: S,
         r0: usize,
         o: usize,
+        ahead: usize,
     ) -> [[f32; W]; R] {
         let inner = self.acts.inner;
         let mut xs: [&[S::f32s]; R] = [&[]; R];
@@ -407,7 +388,7 @@ impl Dot for F32Dot<'_> {
         let mut acc = [[zero; W]; R];
         let vec_bytes = size_of::<S::f32s>();
         let every = (LINE / vec_bytes).max(1);
-        let ahead = W * inner * size_of::<f32>();
+        let ahead = ahead * inner * size_of::<f32>();
         for j in 0..nv {
             if j % every == 0 {
                 for i in 0..W {
@@ -465,6 +446,7 @@ impl Dot for Bf16Dot<'_> {
         simd: S,
         r0: usize,
         o: usize,
+        ahead: usize,
     ) -> [[f32; W]; R] {
         let acts = self.acts;
         let inner = acts.inner;
@@ -497,7 +479,7 @@ impl Dot for Bf16Dot<'_> {
         let mut acc = [[zero; W]; R];
         let vec_bytes = size_of::<S::u16s>();
         let every = (LINE / vec_bytes).max(1);
-        let ahead = W * inner * size_of::<u16>();
+        let ahead = ahead * inner * size_of::<u16>();
         for j in 0..nv {
             if j % every == 0 {
                 for i in 0..W {
@@ -605,6 +587,7 @@ impl Dot for Q8Dot<'_> {
         simd: S,
         r0: usize,
         o: usize,
+        ahead: usize,
     ) -> [[f32; W]; R] {
         let acts = self.acts;
         let lanes = S::F32_LANES;
@@ -628,7 +611,7 @@ impl Dot for Q8Dot<'_> {
             for i in 0..W {
                 let (d, codes) = self.block(o + i, b);
                 if b % 2 == 0 {
-                    let ahead = W * self.row_bytes;
+                    let ahead = ahead * self.row_bytes;
                     self.pf.line(codes.as_ptr().wrapping_add(ahead));
                 }
                 let d = simd.splat_f32s(d);
