@@ -154,10 +154,7 @@ pub(crate) fn validate(manifest: &Manifest) -> Result<(), ArtifactError> {
                 .entry(&e.entry)
                 .ok_or_else(|| invalid(&field, "names no entry of the manifest"))?;
             if !names.insert((e.entry.as_str(), e.body.as_str())) {
-                return Err(invalid(
-                    field,
-                    "entry and body appear twice in one set",
-                ));
+                return Err(invalid(field, "entry and body appear twice in one set"));
             }
             if !entry.bodies().any(|body| body == e.body) {
                 let bodies: Vec<&str> = entry.bodies().collect();
@@ -267,7 +264,9 @@ pub fn add_executables(
     }) {
         return Err(invalid(
             "executables",
-            format!("an executable was given for {name:?} with {body:?}, which is not one of its bodies"),
+            format!(
+                "an executable was given for {name:?} with {body:?}, which is not one of its bodies"
+            ),
         ));
     }
     if let Some((name, _, _)) = executables

@@ -73,7 +73,10 @@ mod tests {
     #[test]
     fn every_kernel_target_is_namespaced() {
         for (target, platform) in KERNELS {
-            assert!(target.starts_with(&format!("tlaloc.{platform}.")), "{target}");
+            assert!(
+                target.starts_with(&format!("tlaloc.{platform}.")),
+                "{target}"
+            );
         }
     }
 }

@@ -33,9 +33,9 @@ pub use ladder::{
 };
 pub use loader::{Artifact, VerifyReport, parse_manifest};
 pub use manifest::{
-    BodyVariant, Entry, FORMAT_VERSION, KvCacheLayout, KvScaleGranularity, KvScales, MANIFEST_FILE, Manifest,
-    ManifestModel, ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, PaddingContract,
-    Provenance, SourceCheckpoint, TokenizerFile, WeightEntry,
+    BodyVariant, Entry, FORMAT_VERSION, KvCacheLayout, KvScaleGranularity, KvScales, MANIFEST_FILE,
+    Manifest, ManifestModel, ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer,
+    PaddingContract, Provenance, SourceCheckpoint, TokenizerFile, WeightEntry,
 };
 pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
 pub use step::{KvPool, PoolOperand, StepInput, StepOutput};

@@ -16,10 +16,10 @@ use std::path::Path;
 use half::bf16;
 use tlaloc_artifact::kernels;
 use tlaloc_artifact::{
-    ArtifactError, ArtifactWriter, BodyVariant, Dtype, Entry, ExistingDir, FORMAT_VERSION, KvCacheLayout,
-    Ladder, LadderError, LadderOptions, Manifest, ManifestModel, ManifestRopeScaling,
-    ManifestSourceFile, ManifestTokenizer, OperandRole, PaddingContract, ProgramSignature,
-    Provenance, SignatureMismatch, SourceCheckpoint, TensorSpec,
+    ArtifactError, ArtifactWriter, BodyVariant, Dtype, Entry, ExistingDir, FORMAT_VERSION,
+    KvCacheLayout, Ladder, LadderError, LadderOptions, Manifest, ManifestModel,
+    ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, OperandRole, PaddingContract,
+    ProgramSignature, Provenance, SignatureMismatch, SourceCheckpoint, TensorSpec,
 };
 use tlaloc_hlo::Module;
 

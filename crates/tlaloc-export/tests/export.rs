@@ -361,3 +361,90 @@ fn the_hugging_face_config_agrees_with_the_checkpoints_own() {
         tlaloc_artifact::hf_config::check_hf_config(m, wrong.to_string().as_bytes()).unwrap_err();
     assert!(err.to_string().contains("num_hidden_layers"), "{err}");
 }
+
+/// The CPU variant adds a second body to exactly the entries of at most
+/// `CPU_VARIANT_MAX_ROWS` rows, each calling the host matmul wherever the portable body has
+/// a projection or the LM head, and changes nothing else: the portable bodies, programs and
+/// weights are the files of an export without it, and two exports with it are identical.
+#[test]
+fn the_cpu_variant_adds_kernel_bodies_to_entries_of_few_rows_and_nothing_else() {
+    use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_PLATFORM, CPU_VARIANT, CPU_VARIANT_MAX_ROWS};
+    let src = support::fixture("tiny-llama-gqa");
+    // Prefill chunks of 16 (16 rows: a variant) and 64 (none).
+    let plain = support::scratch_dir("export-cpu-variant-plain");
+    export(
+        &src,
+        &plain,
+        &options(Dtype::F32, small_ladder()),
+        &mut |_| {},
+    )
+    .unwrap();
+    let with = ExportOptions {
+        cpu_variant: true,
+        ..options(Dtype::F32, small_ladder())
+    };
+    let a = support::scratch_dir("export-cpu-variant-a");
+    let b = support::scratch_dir("export-cpu-variant-b");
+    export(&src, &a, &with, &mut |_| {}).unwrap();
+    export(&src, &b, &with, &mut |_| {}).unwrap();
+    assert!(tree(&a) == tree(&b), "two exports with the variant differ");
+
+    let artifact = Artifact::open(&a).unwrap();
+    artifact.verify().unwrap();
+    let manifest = artifact.manifest();
+    let plain_manifest = Artifact::open(&plain).unwrap().manifest().clone();
+    let layers = manifest.model.num_layers;
+    let (mut with_variant, mut without) = (0, 0);
+    for (entry, plain_entry) in manifest.entries.iter().zip(&plain_manifest.entries) {
+        assert_eq!(
+            entry.body, plain_entry.body,
+            "{}: portable body changed",
+            entry.name
+        );
+        let rows = entry.batch * entry.tokens;
+        match entry.variant(CPU_VARIANT) {
+            Some(v) => {
+                assert!(rows <= CPU_VARIANT_MAX_ROWS, "{}: {rows} rows", entry.name);
+                assert_eq!(v.platform, CPU_PLATFORM);
+                assert_eq!(v.kernels, [CPU_MATMUL]);
+                let text = artifact.body_text(&entry.with_body(&v.body)).unwrap();
+                // qkv, o, gate_up and down per layer, and the LM head; no dot_general left
+                // but attention's two per layer.
+                let calls = text
+                    .matches(&format!("call_target_name = \"{CPU_MATMUL}\""))
+                    .count();
+                assert_eq!(calls, 4 * layers + 1, "{}", entry.name);
+                let portable = artifact.body_text(entry).unwrap();
+                assert_eq!(portable.matches("custom_call").count(), 0);
+                assert_eq!(
+                    text.matches("stablehlo.dot_general").count(),
+                    2 * layers,
+                    "{}",
+                    entry.name
+                );
+                with_variant += 1;
+            }
+            None => {
+                assert!(
+                    rows > CPU_VARIANT_MAX_ROWS,
+                    "{}: {rows} rows, no variant",
+                    entry.name
+                );
+                without += 1;
+            }
+        }
+    }
+    assert!(
+        with_variant > 0 && without > 0,
+        "{with_variant} with, {without} without"
+    );
+    let (ta, tp) = (tree(&a), tree(&plain));
+    for (name, bytes) in &tp {
+        if name != tlaloc_artifact::MANIFEST_FILE {
+            assert!(
+                ta.get(name) == Some(bytes),
+                "{name} differs from the export without the variant"
+            );
+        }
+    }
+}

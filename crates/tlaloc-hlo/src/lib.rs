@@ -31,7 +31,7 @@ pub use half::{bf16, f16};
 pub use literal::{ConstData, Scalar};
 pub use module::{Argument, Module};
 pub use ops::{
-    BinaryOp, CompareDirection, CompareType, CustomCallAttr, DotDims, GatherSpec, Precision, ReduceOp, ScatterSpec,
-    ScatterUpdate, UnaryOp,
+    BinaryOp, CompareDirection, CompareType, CustomCallAttr, DotDims, GatherSpec, Precision,
+    ReduceOp, ScatterSpec, ScatterUpdate, UnaryOp,
 };
 pub use types::{ScalarType, TensorType};

@@ -853,7 +853,9 @@ impl FunctionBuilder {
             if !name_ok {
                 return Err(invalid(
                     OP,
-                    format!("attribute name {name:?} refused: use a letter or `_` then letters, digits or `_`"),
+                    format!(
+                        "attribute name {name:?} refused: use a letter or `_` then letters, digits or `_`"
+                    ),
                 ));
             }
             if names.contains(name) {

@@ -30,7 +30,11 @@ fn dims2(what: &str, dims: &[i64]) -> Result<(usize, usize), String> {
 }
 
 impl HostKernel for CpuMatmul {
-    fn execute(&self, args: &[HostBuffer<'_>], results: &mut [HostBufferMut<'_>]) -> Result<(), String> {
+    fn execute(
+        &self,
+        args: &[HostBuffer<'_>],
+        results: &mut [HostBufferMut<'_>],
+    ) -> Result<(), String> {
         let [x, w] = args else {
             return Err(format!(
                 "{CPU_MATMUL} takes two operands (x, w), it was given {}",

@@ -17,7 +17,7 @@ use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::{
     CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
-    GenerateResult, LoadOptions, SamplingParams, TokenEvent,
+    GenerateResult, KernelChoice, LoadOptions, SamplingParams, TokenEvent,
 };
 
 fn workspace_root() -> PathBuf {
@@ -872,4 +872,92 @@ fn bench_measures_full_batches_against_the_manifest_floor() {
         );
     }
     assert_eq!(out["weight_bytes"].as_u64().unwrap(), weight_bytes);
+}
+
+/// SmolLM2 in f32 with the CPU body variant: decode batches 1, 2, 4 and a prefill chunk of 16,
+/// so every entry (prefill included) has at most 16 rows and a variant.
+fn smollm2_cpu_variant() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let gguf = workspace_root().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let out = scratch("e2e-smollm2-cpu-variant");
+        let options = ExportOptions {
+            dtype: Dtype::F32,
+            kv_dtype: None,
+            ladder: LadderOptions::full_pool(4, 128, 16, vec![16]),
+            force: false,
+            cpu_variant: true,
+        };
+        export(&gguf, &out, &options, &mut |_| {}).unwrap();
+        out
+    })
+}
+
+/// The CPU kernels through the plugins' FFI extension: on every test plugin every entry runs its
+/// `cpu` variant (the load log says so), the greedy ids are transformers' SmolLM2 goldens, and
+/// ids and logprobs are those of the portable bodies (same ids up to a near tie, logprobs within
+/// the f32 tolerance: the kernel sums the same products in another order). `--kernels portable`
+/// runs no variant.
+#[test]
+fn the_cpu_kernels_reproduce_the_smollm2_goldens_and_the_portable_bodies() {
+    let dir = smollm2_cpu_variant();
+    let entries = tlaloc_artifact::Artifact::open(dir)
+        .unwrap()
+        .manifest()
+        .entries
+        .len();
+    let golden = goldens("SmolLM2-135M-Instruct");
+    let _lock = engine_lock();
+    for plugin in test_plugin_paths() {
+        let load = |kernels| {
+            Engine::load_with_options(
+                dir,
+                LoadOptions {
+                    plugin: PluginRequest::Path(plugin.clone()),
+                    compile: CompileMode::Lazy,
+                    compile_cache: Some(compile_cache().to_owned()),
+                    kernels,
+                    ..LoadOptions::default()
+                },
+                EngineOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("loading on {}: {e}", plugin.display()))
+        };
+        let bodies_line = |engine: &EngineHandle| {
+            engine
+                .load_timings()
+                .and_then(|t| t.bodies.clone())
+                .expect("an artifact with variants has a bodies line")
+        };
+        let kernels = load(KernelChoice::Auto);
+        let line = bodies_line(&kernels);
+        assert!(
+            line.contains(&format!("variant cpu for {entries}"))
+                && line.contains(&format!("portable for 0 of {entries} entries")),
+            "{}: {line}",
+            plugin.display()
+        );
+        let portable = load(KernelChoice::Portable);
+        assert!(bodies_line(&portable).contains("portable for all"));
+        for case in golden["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let expected = ids(&case["greedy_ids"]);
+            let request = GenerateRequest {
+                logprobs: Some(2),
+                ..greedy(ids(&case["prompt_ids"]), expected.len())
+            };
+            let got = kernels.generate_blocking(request.clone()).unwrap();
+            let want = portable.generate_blocking(request).unwrap();
+            let n = comparable_prefix(case).min(expected.len());
+            assert_eq!(
+                got.token_ids[..n],
+                expected[..n],
+                "{name} on {}: the kernels' ids differ from transformers' greedy ids",
+                plugin.display()
+            );
+            assert_same_run(&want, &got, &format!("{name} on {}", plugin.display()));
+        }
+        shut_down_empty(kernels, "after the kernel runs");
+        shut_down_empty(portable, "after the portable runs");
+    }
 }

@@ -5,6 +5,6 @@ mod executables;
 mod fixture;
 mod hostile_json;
 mod ladder;
-mod variants;
 mod loader;
+mod variants;
 mod writer;

@@ -49,7 +49,10 @@ fn a_variant_is_read_hashed_and_verified() {
     let entry = &artifact.manifest().entries[0];
     let variant = entry.variant(CPU_VARIANT).expect("the variant");
     assert_eq!(variant.body, body);
-    assert_eq!(entry.bodies().collect::<Vec<_>>(), [entry.body.as_str(), body.as_str()]);
+    assert_eq!(
+        entry.bodies().collect::<Vec<_>>(),
+        [entry.body.as_str(), body.as_str()]
+    );
     assert_eq!(
         artifact.body_text(&entry.with_body(&body)).unwrap(),
         "module @variant {}\n"
@@ -78,7 +81,9 @@ fn a_variant_is_read_hashed_and_verified() {
 
 #[test]
 fn malformed_variants_are_refused_by_field() {
-    let cases: [(&str, fn(&mut serde_json::Value, &str)); 5] = [
+    /// Edits a variant, given the portable body's path.
+    type Edit = fn(&mut serde_json::Value, &str);
+    let cases: [(&str, Edit); 5] = [
         ("name", |v, _| v["name"] = "portable".into()),
         ("name", |v, _| v["name"] = "CPU".into()),
         ("platform", |v, _| v["platform"] = "".into()),
@@ -154,7 +159,10 @@ fn executables_may_be_shipped_for_the_portable_body_and_each_variant() {
         .collect();
     assert_eq!(
         of_first,
-        [artifact.manifest().entries[0].body.as_str(), variant.as_str()]
+        [
+            artifact.manifest().entries[0].body.as_str(),
+            variant.as_str()
+        ]
     );
 
     // A body that is not one of the entry's is refused, when added and when read.

@@ -28,6 +28,14 @@ pub enum KvDtype {
     Fp8,
 }
 
+/// A body variant the exporter can add to entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VariantArg {
+    /// Matrix multiplications of few rows (decode, short prefill chunks) call the runtime's
+    /// host kernel on CPU plugins; other plugins run the portable body.
+    Cpu,
+}
+
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// A Hugging Face checkpoint directory or a `.gguf` file.
@@ -74,6 +82,9 @@ pub struct ExportArgs {
     /// Replace an existing artifact in --out.
     #[arg(long)]
     force: bool,
+    /// Body variants to add beside each entry's portable body (repeatable or a comma list).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    variants: Vec<VariantArg>,
     /// After exporting, compile every entry with this plugin and ship the executables in the
     /// artifact (as `tlaloc compile`); repeatable, one set per plugin.
     #[arg(long, value_name = "PLUGIN")]
@@ -126,6 +137,7 @@ impl ExportArgs {
                 context_buckets: self.context_buckets.clone(),
             },
             force: self.force,
+            cpu_variant: self.variants.contains(&VariantArg::Cpu),
         }
     }
 }

@@ -18,8 +18,8 @@ use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::{GpuAllocator, GpuOptions};
 use tlaloc_runtime::{
     CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle,
-    EngineOptions, GenerateRequest, KernelChoice, LoadOptions, LoadTimings, SamplingParams, StepTimings,
-    StopParams, TokenEvent,
+    EngineOptions, GenerateRequest, KernelChoice, LoadOptions, LoadTimings, SamplingParams,
+    StepTimings, StopParams, TokenEvent,
 };
 use tlaloc_server::ModelText;
 use tlaloc_server::chat::TemplateMessage;

@@ -91,6 +91,16 @@ fn summarize(artifact: &Artifact) -> String {
     let _ = writeln!(out, "entries ({}):", m.entries.len());
     for e in &m.entries {
         let _ = writeln!(out, "  {:<28} {}", e.name, e.body);
+        for v in &e.variants {
+            let _ = writeln!(
+                out,
+                "    variant {} ({} plugins; calls {}): {}",
+                v.name,
+                v.platform,
+                v.kernels.join(", "),
+                v.body
+            );
+        }
     }
     let weight_bytes: u64 = m.weights.iter().map(|w| w.byte_length).sum();
     let _ = writeln!(
