@@ -1,5 +1,6 @@
 //! The `tlaloc` binary on an exported tiny Llama and every test plugin: `compile` ships
-//! executables that `generate` then loads instead of compiling (reproducing transformers'
+//! executables (for each entry's portable body and its `cpu` variant) that `generate` then loads
+//! instead of compiling, under `--kernels auto` and `portable` alike (reproducing transformers'
 //! greedy ids), another plugin compiles instead and says why; `keygen`, `sign`, `verify
 //! --public-key` and `serve --require-signature` accept a signed artifact and refuse an
 //! unsigned, altered or foreign-signed one by name.
@@ -26,14 +27,15 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// The tiny GQA Llama fixture exported with a small ladder into `out`.
+/// The tiny GQA Llama fixture exported with a small ladder into `out`, every entry with a `cpu`
+/// body variant beside its portable body.
 fn export_tiny(out: &Path) {
     let options = ExportOptions {
         dtype: Dtype::F32,
         kv_dtype: None,
         ladder: LadderOptions::full_pool(2, 128, 16, vec![16]),
         force: false,
-        cpu_variant: false,
+        cpu_variant: true,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, out, &options, &mut |_| {}).unwrap();
@@ -78,14 +80,15 @@ fn ids(value: &Value) -> Vec<u64> {
 }
 
 /// `tlaloc generate --json` of the golden's first case with no compile cache, every entry made
-/// ready at start.
-fn generate(dir: &Path, plugin: &Path, case: &Value) -> Value {
+/// ready at start, then `extra`.
+fn generate(dir: &Path, plugin: &Path, case: &Value, extra: &[&str]) -> Value {
     let prompt: Vec<String> = ids(&case["prompt_ids"])
         .iter()
         .map(u64::to_string)
         .collect();
     let max = ids(&case["greedy_ids"]).len().to_string();
-    let out = ok(&[
+    let prompt = prompt.join(",");
+    let mut args = vec![
         "generate",
         "--artifact",
         dir.to_str().unwrap(),
@@ -93,14 +96,15 @@ fn generate(dir: &Path, plugin: &Path, case: &Value) -> Value {
         plugin.to_str().unwrap(),
         "--no-compile-cache",
         "--prompt-ids",
-        &prompt.join(","),
+        &prompt,
         "--max-new-tokens",
         &max,
         "--ignore-eos",
         "--eager-compile",
         "--json",
-    ]);
-    serde_json::from_str(&out).unwrap()
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&ok(&args)).unwrap()
 }
 
 #[test]
@@ -133,15 +137,25 @@ fn compiled_artifacts_start_from_their_executables_and_reproduce_transformers() 
         ]);
         assert!(said.starts_with("compiled "), "{said}");
         ok(&["verify", dir.to_str().unwrap()]);
+        // One executable for each entry's portable body and one for its variant.
+        let manifest: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(MANIFEST_FILE)).unwrap()).unwrap();
+        let entries = manifest["entries"].as_array().unwrap().len();
+        let shipped = manifest["executables"][0]["entries"].as_array().unwrap();
+        assert_eq!(shipped.len(), 2 * entries, "{shipped:?}");
 
-        let out = generate(&dir, plugin, case);
-        let load = &out["timings"]["load"];
-        assert_eq!(load["compiled"], 0, "{load}");
-        assert!(load["from_artifact"].as_u64().unwrap() > 0, "{load}");
-        assert_eq!(ids(&out["generated_ids"])[..n], expected[..n]);
+        // The variant's executables (the default here) and the portable ones both load from
+        // the artifact.
+        for extra in [&[][..], &["--kernels", "portable"][..]] {
+            let out = generate(&dir, plugin, case, extra);
+            let load = &out["timings"]["load"];
+            assert_eq!(load["compiled"], 0, "{extra:?}: {load}");
+            assert_eq!(load["from_artifact"], entries, "{extra:?}: {load}");
+            assert_eq!(ids(&out["generated_ids"])[..n], expected[..n]);
+        }
 
         for other in plugins.iter().filter(|p| *p != plugin) {
-            let out = generate(&dir, other, case);
+            let out = generate(&dir, other, case, &[]);
             let load = &out["timings"]["load"];
             assert_eq!(load["from_artifact"], 0, "{load}");
             let line = load["executables"].as_str().unwrap();
