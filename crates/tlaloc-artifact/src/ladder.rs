@@ -420,11 +420,12 @@ pub struct LadderOptions {
 pub const MIN_CONTEXT_BUCKET: usize = 128;
 
 impl Default for LadderOptions {
-    /// Batch buckets 1, 2, 4, 8; contexts 128, 256, 512; one prefill chunk of 128 tokens:
-    /// 12 decode and 3 prefill entries. The pool holds every row of the top batch at the top
+    /// Batch buckets 1, 2, 4, 8; contexts 128, 256, 512; prefill chunks of 16 and 128 tokens
+    /// (a short chat turn is prefilled by the 16-token entry instead of paying for 128): 12
+    /// decode and 6 prefill entries. The pool holds every row of the top batch at the top
     /// context, plus the scratch block.
     fn default() -> Self {
-        LadderOptions::full_pool(8, 512, 16, vec![128])
+        LadderOptions::full_pool(8, 512, 16, vec![16, 128])
     }
 }
 

@@ -205,7 +205,10 @@ fn default_options_give_a_small_ladder() {
         decode,
         ladder.batch_buckets.len() * ladder.context_buckets.len()
     );
-    assert!(points.len() <= 16, "{} entries", points.len());
+    // A short prompt has a chunk of its own size class: the smallest chunk is one block.
+    assert_eq!(ladder.prefill_chunks[0], options.block_size);
+    assert!(ladder.prefill_chunks.len() >= 2);
+    assert!(points.len() <= 18, "{} entries", points.len());
     // The pool holds every row of the top batch at the top context, plus the scratch block.
     assert!(options.num_blocks > options.max_batch * options.max_context / options.block_size);
 }
