@@ -260,6 +260,7 @@ pub(crate) enum OpKind {
     Select,
     Clamp,
     Convert,
+    BitcastConvert,
     OptimizationBarrier,
     BroadcastInDim {
         dimensions: Vec<usize>,
@@ -662,6 +663,44 @@ impl FunctionBuilder {
     pub fn convert(&mut self, x: Value, dtype: ScalarType) -> Result<Value, HloError> {
         let t = self.check_value("convert", x)?.with_dtype(dtype);
         Ok(self.push_op1(OpKind::Convert, vec![x], t))
+    }
+
+    /// `stablehlo.bitcast_convert`: the same bits read as another element type. Between
+    /// types of one width the dims stay; to a type `k` times wider the operand's last dim
+    /// must be `k` and is dropped (its elements are the result element's bytes, the lowest
+    /// address first: little-endian); to a type `k` times narrower a last dim of `k` is
+    /// added. `i1` has no bit layout to reinterpret and is refused.
+    pub fn bitcast_convert(&mut self, x: Value, dtype: ScalarType) -> Result<Value, HloError> {
+        const OP: &str = "bitcast_convert";
+        let t = self.check_value(OP, x)?.clone();
+        if t.dtype == ScalarType::Pred || dtype == ScalarType::Pred {
+            return Err(invalid(
+                OP,
+                format!("{t} to {dtype}: i1 has no bit layout to reinterpret"),
+            ));
+        }
+        let (from, to) = (t.dtype.byte_size(), dtype.byte_size());
+        let mut dims = t.dims.clone();
+        if to > from {
+            let k = to / from;
+            if dims.last() != Some(&k) {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "{t} to {dtype}: an element of {dtype} is {k} of {}, so the operand's last dim must be {k}",
+                        t.dtype
+                    ),
+                ));
+            }
+            dims.pop();
+        } else if to < from {
+            dims.push(from / to);
+        }
+        Ok(self.push_op1(
+            OpKind::BitcastConvert,
+            vec![x],
+            TensorType::new(dtype, dims),
+        ))
     }
 
     // ---- shapes --------------------------------------------------------------------------

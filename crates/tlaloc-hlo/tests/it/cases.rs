@@ -39,6 +39,7 @@ cases!(
     compare_signed_unsigned,
     select_and_clamp,
     convert,
+    bitcast_convert,
     quantize_i8_and_f8e4m3fn,
     broadcast_in_dim,
     reshape_transpose,
@@ -419,6 +420,35 @@ pub fn select_and_clamp() -> Case {
         vec![tp, tx, ty],
         expected,
     )
+}
+
+/// Bytes reread as wider and same-width types, little-endian (a Q8_0 block's f16 scale and
+/// i8 codes), and f32 reread as its bytes.
+pub fn bitcast_convert() -> Case {
+    let scales = [f16::from_f32(0.0123), f16::from_f32(-2.5), f16::MAX];
+    let bytes: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let codes: Vec<u8> = vec![0, 1, 127, 128, 255, 200];
+    let floats = vec![1.5f32, -0.0];
+    let (tb, tc, tf) = (t([3, 2], bytes), vector(&codes), vector(&floats));
+    let mut f = FunctionBuilder::new("bitcast_convert");
+    let [bv, cv, fv] = args(&mut f, [&tb, &tc, &tf]);
+    let outs = [
+        f.bitcast_convert(bv, ScalarType::F16).unwrap(),
+        f.bitcast_convert(cv, ScalarType::I8).unwrap(),
+        f.bitcast_convert(fv, ScalarType::U8).unwrap(),
+    ];
+    let expected = vec![
+        t([3], scales.to_vec()),
+        t([6], codes.iter().map(|&c| c as i8).collect::<Vec<_>>()),
+        t(
+            [2, 4],
+            floats
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+    ];
+    exact(f.finish(&outs).unwrap(), vec![tb, tc, tf], expected)
 }
 
 /// Float narrowing rounds to nearest even (as `half` does); float to int truncates toward zero.

@@ -416,3 +416,22 @@ fn custom_call_refuses_a_malformed_target_or_attribute() {
         &["\"rows\" given twice"],
     );
 }
+
+#[test]
+fn bitcast_convert_checks_widths() {
+    let mut f = FunctionBuilder::new("t");
+    let bytes = f.arg(ty(ScalarType::U8, &[3, 4]));
+    refused(
+        f.bitcast_convert(bytes, ScalarType::F16),
+        "bitcast_convert",
+        &["tensor<3x4xui8>", "last dim must be 2"],
+    );
+    let p = f.arg(ty(ScalarType::Pred, &[2]));
+    refused(
+        f.bitcast_convert(p, ScalarType::I8),
+        "bitcast_convert",
+        &["i1"],
+    );
+    let ok = f.bitcast_convert(bytes, ScalarType::F32).unwrap();
+    assert_eq!(f.ty(ok).unwrap(), &ty(ScalarType::F32, &[3]));
+}
