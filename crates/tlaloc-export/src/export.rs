@@ -522,3 +522,64 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use tlaloc_artifact::{EntryKind, LadderPoint};
+
+    use super::*;
+
+    /// A block-quantized slot whose rows are not whole blocks is refused before anything is
+    /// built, naming the slot, the format and the width.
+    #[test]
+    fn a_block_weight_of_partial_blocks_is_refused_by_name() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures/tiny-llama-gqa");
+        let checkpoint = Checkpoint::open(fixture).unwrap();
+        let config = &checkpoint.config;
+        let mut plan = WeightPlan::new(config, Dtype::F32, 128);
+        let kv = KvCacheLayout::for_model(&artifact_model(config), Dtype::F32, 16, 9);
+        let point = LadderPoint {
+            kind: EntryKind::Decode,
+            batch: 1,
+            tokens: 1,
+            context: 128,
+        };
+        let slot = plan
+            .slots
+            .iter_mut()
+            .find(|s| s.name == "layers.1.o_proj")
+            .unwrap();
+        slot.block = Some(BlockFormat::Q8_0);
+        slot.dims[1] = 48;
+        for kind in [BodyKind::Portable, BodyKind::Cpu] {
+            let err = graph::forward_program(&plan, &kv, point, kind).unwrap_err();
+            assert!(
+                matches!(&err, GraphError::UnsupportedBlockWeight { slot, .. } if slot == "layers.1.o_proj"),
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("q8_0") && text.contains("48"), "{text}");
+        }
+        // Whole blocks are accepted.
+        let slot = plan
+            .slots
+            .iter_mut()
+            .find(|s| s.name == "layers.1.o_proj")
+            .unwrap();
+        slot.dims[1] = config.num_attention_heads * config.head_dim;
+        assert!(graph::forward_program(&plan, &kv, point, BodyKind::Cpu).is_ok());
+    }
+
+    #[test]
+    fn the_kernels_a_body_calls_are_read_off_its_text() {
+        let text = format!(
+            "stablehlo.custom_call ... call_target_name = \"{}\" ...",
+            kernels::CPU_MATMUL_Q8_0
+        );
+        assert_eq!(kernels_called(&text), [kernels::CPU_MATMUL_Q8_0]);
+        assert!(kernels_called("no calls").is_empty());
+    }
+}
