@@ -9,7 +9,9 @@
 //! tables stay f32 (they are small and the graph computes with them in f32). A fused slot
 //! (q/k/v, gate/up and their biases) is its checkpoint tensors' rows written one after the
 //! other: dense row-major `[out, in]` tensors concatenate along the output dimension by
-//! concatenating their bytes.
+//! concatenating their bytes. With `keep_quantized`, a GGUF matrix whose every source tensor
+//! is Q8_0 is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
+//! its tensors one after the other, Q/K rows unpermuted whole.
 
 use std::path::Path;
 

@@ -34,6 +34,14 @@
 //! to bf16 and each dot accumulates in f32, as transformers does in bf16. New K/V rows are
 //! rounded to bf16 when written to the pools.
 //!
+//! Block-quantized weights (`WeightSlot::block`, `tlaloc_artifact::quant`). A Q8_0 matrix is
+//! its raw blocks, `u8 [out, in / 32 * 34]`. The portable body dequantizes it where it is used
+//! (`Graph::weight`): each block's first two bytes bitcast to its f16 scale, the other 32 to
+//! i8 codes, both widened to f32 and multiplied (exact), reshaped to `[out, in]` and converted
+//! to the matrix dtype, so `linear` runs unchanged after it; the embedding is gathered as
+//! bytes and only the gathered rows are dequantized. The `cpu` variant's `linear` passes the
+//! blocks as they are to `tlaloc.cpu.matmul_q8_0`.
+//!
 //! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
 //! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
 //! (`M` = 127 for i8, 448 for e4m3), codes `x / s` (i8: rounded to nearest even, clamped to
