@@ -62,6 +62,11 @@ pub enum BinaryOp {
     Pow,
     And,
     Or,
+    /// Shift right, filling with zeros (`x >> n` on unsigned bits; a count of the bit width
+    /// or more gives 0).
+    ShiftRightLogical,
+    /// Shift left, filling with zeros (a count of the bit width or more gives 0).
+    ShiftLeft,
 }
 
 impl BinaryOp {
@@ -76,6 +81,8 @@ impl BinaryOp {
             BinaryOp::Pow => "power",
             BinaryOp::And => "and",
             BinaryOp::Or => "or",
+            BinaryOp::ShiftRightLogical => "shift_right_logical",
+            BinaryOp::ShiftLeft => "shift_left",
         }
     }
 
@@ -84,6 +91,7 @@ impl BinaryOp {
             BinaryOp::And | BinaryOp::Or => {
                 (t.is_int() || t == ScalarType::Pred, "an integer type or i1")
             }
+            BinaryOp::ShiftRightLogical | BinaryOp::ShiftLeft => (t.is_int(), "an integer type"),
             _ => (t.is_numeric(), "a float or integer type"),
         }
     }
@@ -540,6 +548,14 @@ impl FunctionBuilder {
     }
     pub fn or(&mut self, a: Value, b: Value) -> Result<Value, HloError> {
         self.binary(BinaryOp::Or, a, b)
+    }
+    /// `a >> b` elementwise, zeros shifted in.
+    pub fn shift_right_logical(&mut self, a: Value, b: Value) -> Result<Value, HloError> {
+        self.binary(BinaryOp::ShiftRightLogical, a, b)
+    }
+    /// `a << b` elementwise, zeros shifted in.
+    pub fn shift_left(&mut self, a: Value, b: Value) -> Result<Value, HloError> {
+        self.binary(BinaryOp::ShiftLeft, a, b)
     }
     pub fn neg(&mut self, x: Value) -> Result<Value, HloError> {
         self.unary(UnaryOp::Neg, x)

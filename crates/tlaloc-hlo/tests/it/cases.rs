@@ -33,6 +33,7 @@ cases!(
     binary_bf16,
     binary_i32,
     binary_logical,
+    shifts_and_masks_u8,
     unary_exact_f32,
     unary_transcendental_f32,
     compare_float,
@@ -284,6 +285,32 @@ pub fn binary_logical() -> Case {
         zi(|a, _| !a),
     ];
     exact(f.finish(&outs).unwrap(), vec![tp, tq, tx, ty], expected)
+}
+
+/// Nibbles of bytes (a Q4_0 block's codes): `x & 0xF` and `x >> 4`, and shifts by 0..8 both
+/// ways (a count of 8 gives 0).
+pub fn shifts_and_masks_u8() -> Case {
+    let x: Vec<u8> = vec![0x00, 0x0F, 0xF0, 0xA5, 0xFF, 0x81, 0x7E, 0x3C];
+    let n: Vec<u8> = (0..8).map(|i| i + 1).collect();
+    let (tx, tn) = (vector(&x), vector(&n));
+    let mut f = FunctionBuilder::new("shifts_and_masks_u8");
+    let [a, b] = args(&mut f, [&tx, &tn]);
+    let mask = f.splat(tlaloc_hlo::Scalar::U8(0x0F), [8]).unwrap();
+    let four = f.splat(tlaloc_hlo::Scalar::U8(4), [8]).unwrap();
+    let outs = [
+        f.and(a, mask).unwrap(),
+        f.shift_right_logical(a, four).unwrap(),
+        f.shift_right_logical(a, b).unwrap(),
+        f.shift_left(a, b).unwrap(),
+    ];
+    let shift = |g: fn(u8, u8) -> u8| t([8], zip_with(&x, &n, g));
+    let expected = vec![
+        t([8], x.iter().map(|v| v & 0x0F).collect::<Vec<_>>()),
+        t([8], x.iter().map(|v| v >> 4).collect::<Vec<_>>()),
+        shift(|v, k| v.checked_shr(u32::from(k)).unwrap_or(0)),
+        shift(|v, k| v.checked_shl(u32::from(k)).unwrap_or(0)),
+    ];
+    exact(f.finish(&outs).unwrap(), vec![tx, tn], expected)
 }
 
 /// negate, abs and sqrt are exact in IEEE 754.

@@ -435,3 +435,18 @@ fn bitcast_convert_checks_widths() {
     let ok = f.bitcast_convert(bytes, ScalarType::F32).unwrap();
     assert_eq!(f.ty(ok).unwrap(), &ty(ScalarType::F32, &[3]));
 }
+
+#[test]
+fn shifts_refuse_floats_and_mismatched_types() {
+    let (mut f, x, y) = two_args(ty(ScalarType::F32, &[2]), ty(ScalarType::U8, &[2]));
+    refused(
+        f.shift_right_logical(x, x),
+        "shift_right_logical",
+        &["f32", "integer"],
+    );
+    refused(
+        f.shift_left(x, y),
+        "shift_left",
+        &["tensor<2xf32>", "tensor<2xui8>"],
+    );
+}
