@@ -24,26 +24,39 @@ pub enum BlockFormat {
     /// f16 significand of 11 bits times a code of 8 bits needs at most 19).
     #[serde(rename = "q8_0")]
     Q8_0,
+    /// llama.cpp's `Q4_0`: blocks of 32 elements in 18 bytes, a little-endian IEEE f16 scale
+    /// `d` then 16 bytes `qs` of two 4-bit codes each; element `j < 16` is
+    /// `d * ((qs[j] & 0xF) - 8)` and element `j + 16` is `d * ((qs[j] >> 4) - 8)` (exact in
+    /// f32).
+    #[serde(rename = "q4_0")]
+    Q4_0,
 }
 
+/// Bytes of the f16 scale at the start of a Q8_0 or Q4_0 block.
+pub const SCALE_BYTES: usize = 2;
+
 /// Bytes of the f16 scale at the start of a Q8_0 block.
-pub const Q8_0_SCALE_BYTES: usize = 2;
+pub const Q8_0_SCALE_BYTES: usize = SCALE_BYTES;
+
+/// What Q4_0 subtracts from each 4-bit code.
+pub const Q4_0_CODE_OFFSET: i32 = 8;
 
 impl BlockFormat {
     /// Every format, in a stable order.
-    pub const ALL: [BlockFormat; 1] = [BlockFormat::Q8_0];
+    pub const ALL: [BlockFormat; 2] = [BlockFormat::Q8_0, BlockFormat::Q4_0];
 
     /// The name the manifest and error messages use (`"q8_0"`).
     pub const fn name(self) -> &'static str {
         match self {
             BlockFormat::Q8_0 => "q8_0",
+            BlockFormat::Q4_0 => "q4_0",
         }
     }
 
     /// Elements per block (along the input dimension).
     pub const fn block_elements(self) -> usize {
         match self {
-            BlockFormat::Q8_0 => 32,
+            BlockFormat::Q8_0 | BlockFormat::Q4_0 => 32,
         }
     }
 
@@ -51,6 +64,7 @@ impl BlockFormat {
     pub const fn block_bytes(self) -> usize {
         match self {
             BlockFormat::Q8_0 => 34,
+            BlockFormat::Q4_0 => 18,
         }
     }
 
@@ -110,6 +124,9 @@ mod tests {
         assert!(err.contains("q8_0") && err.contains("40"), "{err}");
         assert!(q.operand_dims(&[96]).is_err());
         assert_eq!(Q8_0_SCALE_BYTES + q.block_elements(), q.block_bytes());
+        let q = BlockFormat::Q4_0;
+        assert_eq!(q.operand_dims(&[3, 64]).unwrap(), vec![3, 36]);
+        assert_eq!(SCALE_BYTES + q.block_elements() / 2, q.block_bytes());
     }
 
     #[test]

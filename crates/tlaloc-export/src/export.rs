@@ -10,7 +10,7 @@
 //! (q/k/v, gate/up and their biases) is its checkpoint tensors' rows written one after the
 //! other: dense row-major `[out, in]` tensors concatenate along the output dimension by
 //! concatenating their bytes. With `keep_quantized`, a GGUF matrix whose every source tensor
-//! is Q8_0 is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
+//! is Q8_0 (or every one Q4_0) is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
 //! its tensors one after the other, Q/K rows unpermuted whole.
 
 use std::path::Path;
@@ -45,10 +45,11 @@ pub struct ExportOptions {
     /// `cpu` body variant whose matrix multiplications call the runtime's host kernel
     /// ([`tlaloc_artifact::kernels::CPU_MATMUL`]) instead of XLA's.
     pub cpu_variant: bool,
-    /// Store each matrix weight whose every source tensor is Q8_0 in a GGUF checkpoint as its
-    /// raw blocks (`tlaloc_artifact::quant`), dequantized in the graph (or passed as they are
-    /// to [`tlaloc_artifact::kernels::CPU_MATMUL_Q8_0`] by the `cpu` variant) rather than at
-    /// export. Every other weight is stored as without it.
+    /// Store each matrix weight whose every source tensor is Q8_0 (or every one Q4_0) in a
+    /// GGUF checkpoint as its raw blocks (`tlaloc_artifact::quant`), dequantized in the graph
+    /// (Q8_0 blocks are passed as they are to [`tlaloc_artifact::kernels::CPU_MATMUL_Q8_0`]
+    /// by the `cpu` variant) rather than at export. Every other weight is stored as without
+    /// it.
     pub keep_quantized: bool,
 }
 
@@ -330,11 +331,15 @@ pub fn export_checkpoint(
     })
 }
 
-/// Marks every matrix slot of `plan` whose source tensors are all stored as Q8_0 blocks to be
-/// written as those blocks; refuses by name one the format cannot store.
+/// Marks every matrix slot of `plan` whose source tensors are all stored in one block format
+/// the graph reads (Q8_0, Q4_0) to be written as those blocks; refuses by name one the format
+/// cannot store.
 fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), ExportError> {
-    let format = BlockFormat::Q8_0;
-    let ggml_name = crate::gguf::GgmlType::Q8_0.name();
+    use crate::gguf::GgmlType;
+    let formats = [
+        (GgmlType::Q8_0.name(), BlockFormat::Q8_0),
+        (GgmlType::Q4_0.name(), BlockFormat::Q4_0),
+    ];
     for slot in &mut plan.slots {
         let SlotSource::Rows(roles) = &slot.source else {
             continue;
@@ -342,6 +347,11 @@ fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), Exp
         if slot.dims.len() != 2 || checkpoint.source.kind != SourceKind::Gguf {
             continue;
         }
+        let first = checkpoint.meta(roles[0])?;
+        let Some(&(ggml_name, format)) = formats.iter().find(|(name, _)| *name == first.dtype)
+        else {
+            continue;
+        };
         let mut all = true;
         for &role in roles {
             all &= checkpoint.meta(role)?.dtype == ggml_name;
@@ -352,7 +362,7 @@ fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), Exp
         if let Err(reason) = format.operand_dims(&slot.dims) {
             return Err(ExportError::UnsupportedBlockWeight {
                 slot: slot.name.clone(),
-                tensor: checkpoint.meta(roles[0])?.name.clone(),
+                tensor: first.name.clone(),
                 format,
                 reason,
             });

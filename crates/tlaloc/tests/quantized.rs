@@ -1,10 +1,10 @@
-//! GGUF Q8_0 weights kept quantized, end to end on every test plugin. The tiny Llama fixture's
-//! f32 weights are quantized to Q8_0 by a scalar llama.cpp quantizer here (matrices only, Q and
+//! GGUF Q8_0 and Q4_0 weights kept quantized, end to end on every test plugin. The tiny Llama
+//! fixture's f32 weights are quantized to Q8_0 (or Q4_0) by a scalar llama.cpp quantizer here (matrices only, Q and
 //! K rows permuted as llama.cpp's converter writes them) into a GGUF, which is exported twice:
 //! dequantized at export (f32, the reference) and with `keep_quantized` plus the `cpu` variant.
 //!
 //! The kept blocks dequantize to exactly the f32 artifact's weights (`d * code` is exact in
-//! f32, and the Q/K row permutation moves whole rows of blocks), so the portable body (which
+//! f32 for both formats, and the Q/K row permutation moves whole rows of blocks), so the portable body (which
 //! dequantizes in the graph) and the `cpu` variant (whose kernel reads the blocks) compute the
 //! f32 artifact's function with the same products; only the order of the f32 sums differs. Each
 //! dot of length `K <= 128` then differs by at most `2 γ_K Σ|x w|` (`γ_K = K u / (1 - K u)`,
@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use half::f16;
-use tlaloc_artifact::kernels::CPU_MATMUL_Q8_0;
+use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_MATMUL_Q8_0};
 use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
 use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
 use tlaloc_pjrt::discovery::PluginRequest;
@@ -30,6 +30,7 @@ use tlaloc_runtime::{
 const LOGPROB_REL_TOL: f32 = 1e-4;
 
 const Q8_0_TYPE: u32 = 8;
+const Q4_0_TYPE: u32 = 2;
 const F32_TYPE: u32 = 0;
 
 fn workspace_root() -> PathBuf {
@@ -137,6 +138,42 @@ fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
     out
 }
 
+/// llama.cpp's `quantize_row_q4_0_ref`: per block of 32, the value of largest magnitude `m`
+/// (first one on ties), `d = m / -8` (stored as f16), codes `min(15, trunc(x / d + 8.5))`,
+/// element `j` in the low nibble of byte `j` and element `j + 16` in its high nibble.
+fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 18);
+    for block in values.chunks_exact(32) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in block {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        let code = |x: f32| ((x * id + 8.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            out.push(code(block[j]) | (code(block[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+/// Scalar Q4_0 dequantization: `d * (code - 8)`, each in f32.
+fn dequantize_q4_0(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 18 * 32);
+    for block in bytes.chunks_exact(18) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let qs = &block[2..];
+        out.extend(qs.iter().map(|&q| d * (i32::from(q & 0xF) - 8) as f32));
+        out.extend(qs.iter().map(|&q| d * (i32::from(q >> 4) - 8) as f32));
+    }
+    out
+}
+
 /// Scalar Q8_0 dequantization: `d * code`, each in f32.
 fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
     let mut out = Vec::with_capacity(bytes.len() / 34 * 32);
@@ -162,9 +199,9 @@ fn llama_permute(values: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
     out
 }
 
-/// The tiny Llama fixture as a llama.cpp GGUF: matrices Q8_0, norms f32, a placeholder `gpt2`
-/// vocabulary of the model's size.
-fn tiny_q8_0_gguf(dir: &Path) -> PathBuf {
+/// The tiny Llama fixture as a llama.cpp GGUF: matrices in `format`, norms f32, a placeholder
+/// `gpt2` vocabulary of the model's size.
+fn tiny_gguf(dir: &Path, format: BlockFormat) -> PathBuf {
     let st = Checkpoint::open(workspace_root().join("tests/data/fixtures/tiny-llama-gqa")).unwrap();
     let c = &st.config;
     let mut w = GgufWriter::new("llama");
@@ -200,7 +237,10 @@ fn tiny_q8_0_gguf(dir: &Path) -> PathBuf {
             values = llama_permute(&values, t.dims[0], heads);
         }
         let (ty, bytes) = if t.dims.len() == 2 {
-            (Q8_0_TYPE, quantize_q8_0(&values))
+            match format {
+                BlockFormat::Q8_0 => (Q8_0_TYPE, quantize_q8_0(&values)),
+                BlockFormat::Q4_0 => (Q4_0_TYPE, quantize_q4_0(&values)),
+            }
         } else {
             (
                 F32_TYPE,
@@ -210,7 +250,7 @@ fn tiny_q8_0_gguf(dir: &Path) -> PathBuf {
         w.tensor(&role.gguf_name(), &t.dims, ty, bytes);
     }
     std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("tiny-q8_0.gguf");
+    let path = dir.join(format!("tiny-{format}.gguf"));
     std::fs::write(&path, w.finish()).unwrap();
     path
 }
@@ -273,12 +313,23 @@ fn assert_same_run(want: &GenerateResult, got: &GenerateResult, what: &str) {
 
 #[test]
 fn q8_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
-    let gguf = tiny_q8_0_gguf(&scratch("q8_0-gguf"));
-    let dense = export_tiny(&gguf, "q8_0-dense", false);
-    let kept = export_tiny(&gguf, "q8_0-kept", true);
+    check_kept_quantized(BlockFormat::Q8_0, CPU_MATMUL_Q8_0);
+}
 
-    // The manifest: every matrix names its format, keeps its logical dims and stores 34 bytes
-    // per 32 elements; the blocks dequantize to the dense artifact's f32 weights bit for bit.
+/// Q4_0 has no kernel: its `cpu` variant dequantizes in the graph and calls the dense one.
+#[test]
+fn q4_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    check_kept_quantized(BlockFormat::Q4_0, CPU_MATMUL);
+}
+
+fn check_kept_quantized(format: BlockFormat, kernel: &str) {
+    let gguf = tiny_gguf(&scratch(&format!("{format}-gguf")), format);
+    let dense = export_tiny(&gguf, &format!("{format}-dense"), false);
+    let kept = export_tiny(&gguf, &format!("{format}-kept"), true);
+
+    // The manifest: every matrix names its format, keeps its logical dims and stores 34 (Q8_0)
+    // or 18 (Q4_0) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
+    // weights bit for bit.
     let dense_artifact = Artifact::open(&dense).unwrap();
     let kept_artifact = Artifact::open(&kept).unwrap();
     let (dm, km) = (dense_artifact.manifest(), kept_artifact.manifest());
@@ -295,11 +346,19 @@ fn q8_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plug
         let bytes = kept_artifact.weight_bytes(&k.slot).unwrap();
         if k.dims.len() == 2 && !k.slot.starts_with("rope.") {
             blocked += 1;
-            assert_eq!(k.block_format, Some(BlockFormat::Q8_0), "{}", k.slot);
+            assert_eq!(k.block_format, Some(format), "{}", k.slot);
             assert_eq!(k.dtype, Dtype::U8, "{}", k.slot);
             let elements: usize = k.dims.iter().product();
-            assert_eq!(k.byte_length as usize, elements / 32 * 34, "{}", k.slot);
-            let got = dequantize_q8_0(&bytes);
+            let (block_bytes, got) = match format {
+                BlockFormat::Q8_0 => (34, dequantize_q8_0(&bytes)),
+                _ => (18, dequantize_q4_0(&bytes)),
+            };
+            assert_eq!(
+                k.byte_length as usize,
+                elements / 32 * block_bytes,
+                "{}",
+                k.slot
+            );
             let differ = got
                 .iter()
                 .zip(&want)
@@ -314,23 +373,26 @@ fn q8_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plug
     }
     // Embedding, LM head and four projections per layer.
     assert_eq!(blocked, 2 + 4 * km.model.num_layers);
-    // The signature's operand is the raw bytes; the variant calls only the Q8_0 kernel.
+    // The signature's operand is the raw bytes; the variant calls only `kernel`.
     let qkv = km.weight("layers.0.qkv_proj").unwrap();
     assert_eq!(
         qkv.operand().unwrap(),
-        (Dtype::U8, vec![qkv.dims[0], qkv.dims[1] / 32 * 34])
+        (
+            Dtype::U8,
+            vec![qkv.dims[0], qkv.dims[1] / 32 * format.block_bytes()]
+        )
     );
     for entry in &km.entries {
         assert_eq!(entry.variants.len(), 1, "{}", entry.name);
         assert_eq!(
             entry.variants[0].kernels,
-            vec![CPU_MATMUL_Q8_0.to_owned()],
+            vec![kernel.to_owned()],
             "{}",
             entry.name
         );
     }
 
-    let cache = scratch("q8_0-compile-cache");
+    let cache = scratch(&format!("{format}-compile-cache"));
     let prompts: Vec<Vec<u32>> = vec![
         vec![1, 17, 230, 5, 99],
         (0..23).map(|i| (i * 37 + 11) % 512).collect(),

@@ -40,7 +40,9 @@
 //! i8 codes, both widened to f32 and multiplied (exact), reshaped to `[out, in]` and converted
 //! to the matrix dtype, so `linear` runs unchanged after it; the embedding is gathered as
 //! bytes and only the gathered rows are dequantized. The `cpu` variant's `linear` passes the
-//! blocks as they are to `tlaloc.cpu.matmul_q8_0`.
+//! blocks as they are to `tlaloc.cpu.matmul_q8_0`. A Q4_0 matrix (`u8 [out, in / 32 * 18]`)
+//! is dequantized the same way, its codes the low then the high nibbles of its 16 code bytes
+//! minus 8; with no Q4_0 kernel, the `cpu` variant dequantizes it and calls the dense one.
 //!
 //! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
 //! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
@@ -408,6 +410,33 @@ impl Graph {
                         .slice(w, [0, 0, scale_bytes], [rows, blocks, bytes], [1, 1, 1])?;
                 let codes = self.f.bitcast_convert(codes, ScalarType::I8)?;
                 let codes = self.f.convert(codes, ScalarType::F32)?;
+                self.f.mul(codes, scales)?
+            }
+            BlockFormat::Q4_0 => {
+                let scale_bytes = tlaloc_artifact::quant::SCALE_BYTES;
+                let half = elements / 2;
+                let w = self.f.reshape(w, [rows, blocks, bytes])?;
+                let scales =
+                    self.f
+                        .slice(w, [0, 0, 0], [rows, blocks, scale_bytes], [1, 1, 1])?;
+                let scales = self.f.bitcast_convert(scales, ScalarType::F16)?;
+                let scales = self.f.convert(scales, ScalarType::F32)?;
+                let scales = self.f.broadcast_in_dim(scales, [rows, blocks, elements], [0, 1])?;
+                let packed =
+                    self.f
+                        .slice(w, [0, 0, scale_bytes], [rows, blocks, bytes], [1, 1, 1])?;
+                // Low nibbles are elements 0..16 of the block, high nibbles 16..32.
+                let mask = self.f.splat(Scalar::U8(0x0F), [rows, blocks, half])?;
+                let four = self.f.splat(Scalar::U8(4), [rows, blocks, half])?;
+                let low = self.f.and(packed, mask)?;
+                let high = self.f.shift_right_logical(packed, four)?;
+                let codes = self.f.concatenate(&[low, high], 2)?;
+                let codes = self.f.convert(codes, ScalarType::F32)?;
+                let offset = self.f.full(
+                    &f32_ty(&[rows, blocks, elements]),
+                    f64::from(tlaloc_artifact::quant::Q4_0_CODE_OFFSET),
+                )?;
+                let codes = self.f.sub(codes, offset)?;
                 self.f.mul(codes, scales)?
             }
         };
