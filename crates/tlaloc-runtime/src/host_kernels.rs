@@ -3,18 +3,22 @@
 //! operands against the target's contract (count, dtypes, dims) and refuses by name what the
 //! contract does not allow; the arithmetic is `tlaloc_kernels`'.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tlaloc_artifact::BlockFormat;
 use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_MATMUL_Q8_0};
 use tlaloc_kernels::Matrix;
 use tlaloc_pjrt::{HostBuffer, HostBufferMut, HostElementType, HostKernel};
 
-/// The kernel registered for `target`, if this runtime has one.
+/// The kernel registered for `target`, if this runtime has one: one instance per target for
+/// the whole process, so that every engine loaded on a plugin registers the same kernel (a
+/// plugin refuses a second, different kernel under a target it already has).
 pub(crate) fn kernel_for(target: &str) -> Option<Arc<dyn HostKernel>> {
+    static MATMUL: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
+    static MATMUL_Q8_0: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
     match target {
-        CPU_MATMUL => Some(Arc::new(CpuMatmul)),
-        CPU_MATMUL_Q8_0 => Some(Arc::new(CpuMatmulQ8_0)),
+        CPU_MATMUL => Some(MATMUL.get_or_init(|| Arc::new(CpuMatmul)).clone()),
+        CPU_MATMUL_Q8_0 => Some(MATMUL_Q8_0.get_or_init(|| Arc::new(CpuMatmulQ8_0)).clone()),
         _ => None,
     }
 }
@@ -131,7 +135,21 @@ impl HostKernel for CpuMatmulQ8_0 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use tlaloc_artifact::BlockFormat;
+    use tlaloc_artifact::kernels::KERNELS;
+
+    /// Every target of the contract has a kernel here, the same instance each time.
+    #[test]
+    fn every_kernel_target_has_one_kernel_per_process() {
+        for (target, _) in KERNELS {
+            let a = super::kernel_for(target).expect(target);
+            let b = super::kernel_for(target).expect(target);
+            assert!(Arc::ptr_eq(&a, &b), "{target}");
+        }
+        assert!(super::kernel_for("tlaloc.cpu.nothing").is_none());
+    }
 
     /// The artifact's Q8_0 layout and the kernels crate's are the same numbers.
     #[test]
