@@ -30,9 +30,15 @@ pub enum BlockFormat {
     /// f32).
     #[serde(rename = "q4_0")]
     Q4_0,
+    /// llama.cpp's `Q4_1`: blocks of 32 elements in 20 bytes, little-endian IEEE f16 `d` and
+    /// `m`, then 16 bytes `qs` of two 4-bit codes each; element `j < 16` is
+    /// `d * (qs[j] & 0xF) + m` and element `j + 16` is `d * (qs[j] >> 4) + m` (the product
+    /// exact in f32, the sum rounded once).
+    #[serde(rename = "q4_1")]
+    Q4_1,
 }
 
-/// Bytes of the f16 scale at the start of a Q8_0 or Q4_0 block.
+/// Bytes of the f16 scale at the start of a block (each of `d` and `m` in Q4_1).
 pub const SCALE_BYTES: usize = 2;
 
 /// Bytes of the f16 scale at the start of a Q8_0 block.
@@ -43,20 +49,21 @@ pub const Q4_0_CODE_OFFSET: i32 = 8;
 
 impl BlockFormat {
     /// Every format, in a stable order.
-    pub const ALL: [BlockFormat; 2] = [BlockFormat::Q8_0, BlockFormat::Q4_0];
+    pub const ALL: [BlockFormat; 3] = [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1];
 
     /// The name the manifest and error messages use (`"q8_0"`).
     pub const fn name(self) -> &'static str {
         match self {
             BlockFormat::Q8_0 => "q8_0",
             BlockFormat::Q4_0 => "q4_0",
+            BlockFormat::Q4_1 => "q4_1",
         }
     }
 
     /// Elements per block (along the input dimension).
     pub const fn block_elements(self) -> usize {
         match self {
-            BlockFormat::Q8_0 | BlockFormat::Q4_0 => 32,
+            BlockFormat::Q8_0 | BlockFormat::Q4_0 | BlockFormat::Q4_1 => 32,
         }
     }
 
@@ -65,6 +72,7 @@ impl BlockFormat {
         match self {
             BlockFormat::Q8_0 => 34,
             BlockFormat::Q4_0 => 18,
+            BlockFormat::Q4_1 => 20,
         }
     }
 
@@ -127,6 +135,9 @@ mod tests {
         let q = BlockFormat::Q4_0;
         assert_eq!(q.operand_dims(&[3, 64]).unwrap(), vec![3, 36]);
         assert_eq!(SCALE_BYTES + q.block_elements() / 2, q.block_bytes());
+        let q = BlockFormat::Q4_1;
+        assert_eq!(q.operand_dims(&[3, 64]).unwrap(), vec![3, 40]);
+        assert_eq!(2 * SCALE_BYTES + q.block_elements() / 2, q.block_bytes());
     }
 
     #[test]

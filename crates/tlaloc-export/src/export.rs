@@ -10,7 +10,7 @@
 //! (q/k/v, gate/up and their biases) is its checkpoint tensors' rows written one after the
 //! other: dense row-major `[out, in]` tensors concatenate along the output dimension by
 //! concatenating their bytes. With `keep_quantized`, a GGUF matrix whose every source tensor
-//! is Q8_0 (or every one Q4_0) is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
+//! is Q8_0 (or every one Q4_0, or Q4_1) is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
 //! its tensors one after the other, Q/K rows unpermuted whole.
 
 use std::path::Path;
@@ -45,7 +45,7 @@ pub struct ExportOptions {
     /// `cpu` body variant whose matrix multiplications call the runtime's host kernel
     /// ([`tlaloc_artifact::kernels::CPU_MATMUL`]) instead of XLA's.
     pub cpu_variant: bool,
-    /// Store each matrix weight whose every source tensor is Q8_0 (or every one Q4_0) in a
+    /// Store each matrix weight whose every source tensor is Q8_0 (or every one Q4_0, or Q4_1) in a
     /// GGUF checkpoint as its raw blocks (`tlaloc_artifact::quant`), dequantized in the graph
     /// (Q8_0 blocks are passed as they are to [`tlaloc_artifact::kernels::CPU_MATMUL_Q8_0`]
     /// by the `cpu` variant) rather than at export. Every other weight is stored as without
@@ -332,13 +332,14 @@ pub fn export_checkpoint(
 }
 
 /// Marks every matrix slot of `plan` whose source tensors are all stored in one block format
-/// the graph reads (Q8_0, Q4_0) to be written as those blocks; refuses by name one the format
+/// the graph reads (Q8_0, Q4_0, Q4_1) to be written as those blocks; refuses by name one the format
 /// cannot store.
 fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), ExportError> {
     use crate::gguf::GgmlType;
     let formats = [
         (GgmlType::Q8_0.name(), BlockFormat::Q8_0),
         (GgmlType::Q4_0.name(), BlockFormat::Q4_0),
+        (GgmlType::Q4_1.name(), BlockFormat::Q4_1),
     ];
     for slot in &mut plan.slots {
         let SlotSource::Rows(roles) = &slot.source else {

@@ -1,10 +1,10 @@
-//! GGUF Q8_0 and Q4_0 weights kept quantized, end to end on every test plugin. The tiny Llama
-//! fixture's f32 weights are quantized to Q8_0 (or Q4_0) by a scalar llama.cpp quantizer here (matrices only, Q and
+//! GGUF Q8_0, Q4_0 and Q4_1 weights kept quantized, end to end on every test plugin. The tiny
+//! Llama fixture's f32 weights are quantized to each by a scalar llama.cpp quantizer here (matrices only, Q and
 //! K rows permuted as llama.cpp's converter writes them) into a GGUF, which is exported twice:
 //! dequantized at export (f32, the reference) and with `keep_quantized` plus the `cpu` variant.
 //!
 //! The kept blocks dequantize to exactly the f32 artifact's weights (`d * code` is exact in
-//! f32 for both formats, and the Q/K row permutation moves whole rows of blocks), so the portable body (which
+//! f32, Q4_1's `+ m` rounds once in both, and the Q/K row permutation moves whole rows of blocks), so the portable body (which
 //! dequantizes in the graph) and the `cpu` variant (whose kernel reads the blocks) compute the
 //! f32 artifact's function with the same products; only the order of the f32 sums differs. Each
 //! dot of length `K <= 128` then differs by at most `2 γ_K Σ|x w|` (`γ_K = K u / (1 - K u)`,
@@ -31,6 +31,7 @@ const LOGPROB_REL_TOL: f32 = 1e-4;
 
 const Q8_0_TYPE: u32 = 8;
 const Q4_0_TYPE: u32 = 2;
+const Q4_1_TYPE: u32 = 3;
 const F32_TYPE: u32 = 0;
 
 fn workspace_root() -> PathBuf {
@@ -162,6 +163,38 @@ fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
     out
 }
 
+/// llama.cpp's `quantize_row_q4_1_ref`: per block of 32, `d = (max - min) / 15` and `m = min`
+/// (both stored as f16), codes `min(15, trunc((x - min) / d + 0.5))`, packed as Q4_0's.
+fn quantize_q4_1(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 20);
+    for block in values.chunks_exact(32) {
+        let min = block.iter().copied().fold(f32::MAX, f32::min);
+        let max = block.iter().copied().fold(-f32::MAX, f32::max);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        out.extend(f16::from_f32(min).to_le_bytes());
+        let code = |x: f32| (((x - min) * id + 0.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            out.push(code(block[j]) | (code(block[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+/// Scalar Q4_1 dequantization: `d * code + m`, in f32.
+fn dequantize_q4_1(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 20 * 32);
+    for block in bytes.chunks_exact(20) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
+        let qs = &block[4..];
+        out.extend(qs.iter().map(|&q| d * f32::from(q & 0xF) + m));
+        out.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
+    }
+    out
+}
+
 /// Scalar Q4_0 dequantization: `d * (code - 8)`, each in f32.
 fn dequantize_q4_0(bytes: &[u8]) -> Vec<f32> {
     let mut out = Vec::with_capacity(bytes.len() / 18 * 32);
@@ -240,6 +273,7 @@ fn tiny_gguf(dir: &Path, format: BlockFormat) -> PathBuf {
             match format {
                 BlockFormat::Q8_0 => (Q8_0_TYPE, quantize_q8_0(&values)),
                 BlockFormat::Q4_0 => (Q4_0_TYPE, quantize_q4_0(&values)),
+                BlockFormat::Q4_1 => (Q4_1_TYPE, quantize_q4_1(&values)),
             }
         } else {
             (
@@ -322,13 +356,19 @@ fn q4_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plug
     check_kept_quantized(BlockFormat::Q4_0, CPU_MATMUL);
 }
 
+/// Q4_1 likewise (its `d * code + m` rounds once in f32, as the dense export's does).
+#[test]
+fn q4_1_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    check_kept_quantized(BlockFormat::Q4_1, CPU_MATMUL);
+}
+
 fn check_kept_quantized(format: BlockFormat, kernel: &str) {
     let gguf = tiny_gguf(&scratch(&format!("{format}-gguf")), format);
     let dense = export_tiny(&gguf, &format!("{format}-dense"), false);
     let kept = export_tiny(&gguf, &format!("{format}-kept"), true);
 
-    // The manifest: every matrix names its format, keeps its logical dims and stores 34 (Q8_0)
-    // or 18 (Q4_0) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
+    // The manifest: every matrix names its format, keeps its logical dims and stores 34 (Q8_0),
+    // 18 (Q4_0) or 20 (Q4_1) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
     // weights bit for bit.
     let dense_artifact = Artifact::open(&dense).unwrap();
     let kept_artifact = Artifact::open(&kept).unwrap();
@@ -351,7 +391,8 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
             let elements: usize = k.dims.iter().product();
             let (block_bytes, got) = match format {
                 BlockFormat::Q8_0 => (34, dequantize_q8_0(&bytes)),
-                _ => (18, dequantize_q4_0(&bytes)),
+                BlockFormat::Q4_0 => (18, dequantize_q4_0(&bytes)),
+                BlockFormat::Q4_1 => (20, dequantize_q4_1(&bytes)),
             };
             assert_eq!(
                 k.byte_length as usize,

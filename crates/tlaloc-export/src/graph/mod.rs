@@ -42,7 +42,8 @@
 //! bytes and only the gathered rows are dequantized. The `cpu` variant's `linear` passes the
 //! blocks as they are to `tlaloc.cpu.matmul_q8_0`. A Q4_0 matrix (`u8 [out, in / 32 * 18]`)
 //! is dequantized the same way, its codes the low then the high nibbles of its 16 code bytes
-//! minus 8; with no Q4_0 kernel, the `cpu` variant dequantizes it and calls the dense one.
+//! minus 8; a Q4_1 matrix (`[out, in / 32 * 20]`) likewise, each code times `d` plus `m`. With
+//! no Q4 kernel, the `cpu` variant dequantizes those and calls the dense one.
 //!
 //! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
 //! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
@@ -412,19 +413,33 @@ impl Graph {
                 let codes = self.f.convert(codes, ScalarType::F32)?;
                 self.f.mul(codes, scales)?
             }
-            BlockFormat::Q4_0 => {
-                let scale_bytes = tlaloc_artifact::quant::SCALE_BYTES;
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                let f16s = tlaloc_artifact::quant::SCALE_BYTES;
+                // Q4_0: d, then the codes; Q4_1: d, m, then the codes.
+                let head = if format == BlockFormat::Q4_1 {
+                    2 * f16s
+                } else {
+                    f16s
+                };
                 let half = elements / 2;
+                let dims = [rows, blocks, elements];
                 let w = self.f.reshape(w, [rows, blocks, bytes])?;
-                let scales =
-                    self.f
-                        .slice(w, [0, 0, 0], [rows, blocks, scale_bytes], [1, 1, 1])?;
-                let scales = self.f.bitcast_convert(scales, ScalarType::F16)?;
-                let scales = self.f.convert(scales, ScalarType::F32)?;
-                let scales = self.f.broadcast_in_dim(scales, [rows, blocks, elements], [0, 1])?;
-                let packed =
-                    self.f
-                        .slice(w, [0, 0, scale_bytes], [rows, blocks, bytes], [1, 1, 1])?;
+                let f16_at = |g: &mut Graph, at: usize| -> Result<Value, HloError> {
+                    let v =
+                        g.f.slice(w, [0, 0, at], [rows, blocks, at + f16s], [1, 1, 1])?;
+                    let v = g.f.bitcast_convert(v, ScalarType::F16)?;
+                    let v = g.f.convert(v, ScalarType::F32)?;
+                    g.f.broadcast_in_dim(v, dims, [0, 1])
+                };
+                let scales = f16_at(self, 0)?;
+                let mins = if format == BlockFormat::Q4_1 {
+                    Some(f16_at(self, f16s)?)
+                } else {
+                    None
+                };
+                let packed = self
+                    .f
+                    .slice(w, [0, 0, head], [rows, blocks, bytes], [1, 1, 1])?;
                 // Low nibbles are elements 0..16 of the block, high nibbles 16..32.
                 let mask = self.f.splat(Scalar::U8(0x0F), [rows, blocks, half])?;
                 let four = self.f.splat(Scalar::U8(4), [rows, blocks, half])?;
@@ -432,12 +447,20 @@ impl Graph {
                 let high = self.f.shift_right_logical(packed, four)?;
                 let codes = self.f.concatenate(&[low, high], 2)?;
                 let codes = self.f.convert(codes, ScalarType::F32)?;
-                let offset = self.f.full(
-                    &f32_ty(&[rows, blocks, elements]),
-                    f64::from(tlaloc_artifact::quant::Q4_0_CODE_OFFSET),
-                )?;
-                let codes = self.f.sub(codes, offset)?;
-                self.f.mul(codes, scales)?
+                match mins {
+                    None => {
+                        let offset = self.f.full(
+                            &f32_ty(&dims),
+                            f64::from(tlaloc_artifact::quant::Q4_0_CODE_OFFSET),
+                        )?;
+                        let codes = self.f.sub(codes, offset)?;
+                        self.f.mul(codes, scales)?
+                    }
+                    Some(mins) => {
+                        let scaled = self.f.mul(codes, scales)?;
+                        self.f.add(scaled, mins)?
+                    }
+                }
             }
         };
         let values = self.f.reshape(values, [rows, inner])?;
