@@ -13,7 +13,7 @@
 pub const PORTABLE: &str = "portable";
 
 /// The CPU variant: the portable body with its matrix multiplications of few rows replaced by
-/// [`CPU_MATMUL`] calls.
+/// [`CPU_MATMUL`] calls ([`CPU_MATMUL_Q8_0`] for Q8_0 weights).
 pub const CPU_VARIANT: &str = "cpu";
 
 /// The platform name of the CPU plugins' clients.
@@ -26,8 +26,17 @@ pub const CPU_PLATFORM: &str = "cpu";
 /// order of the sums differs from the portable body.
 pub const CPU_MATMUL: &str = "tlaloc.cpu.matmul";
 
+/// `y = x · wᵀ` on the host against a Q8_0 weight as the artifact stores it: operand 0
+/// `x [N, K]` f32, operand 1 `w [O, K / 32 * 34]` u8, the raw blocks of a weight of logical dims
+/// `[O, K]` ([`crate::quant::BlockFormat::Q8_0`]'s layout: each row is `K / 32` blocks of an f16
+/// scale and 32 i8 codes), result `y [N, O]` f32. No attributes. Each weight element `d * q`
+/// is exact in f32 and every product is accumulated in f32, so only the order of the sums
+/// differs from the portable body, which dequantizes the blocks to f32 in the graph.
+pub const CPU_MATMUL_Q8_0: &str = "tlaloc.cpu.matmul_q8_0";
+
 /// Every kernel a variant may call, with the platform it runs on.
-pub const KERNELS: [(&str, &str); 1] = [(CPU_MATMUL, CPU_PLATFORM)];
+pub const KERNELS: [(&str, &str); 2] =
+    [(CPU_MATMUL, CPU_PLATFORM), (CPU_MATMUL_Q8_0, CPU_PLATFORM)];
 
 /// The most rows (`B * T` of an entry) for which the CPU variant replaces a matrix
 /// multiplication by [`CPU_MATMUL`]: the kernel streams each weight once for all rows, which

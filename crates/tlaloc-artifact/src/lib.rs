@@ -19,6 +19,7 @@ mod loader;
 mod manifest;
 pub mod paths;
 mod program;
+pub mod quant;
 pub mod signature;
 pub mod step;
 mod writer;
@@ -38,5 +39,6 @@ pub use manifest::{
     PaddingContract, Provenance, SourceCheckpoint, TokenizerFile, WeightEntry,
 };
 pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
+pub use quant::BlockFormat;
 pub use step::{KvPool, PoolOperand, StepInput, StepOutput};
 pub use writer::{ArtifactWriter, ExistingDir};

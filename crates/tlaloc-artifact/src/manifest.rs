@@ -13,6 +13,7 @@ use crate::error::ArtifactError;
 use crate::executables::ExecutableSet;
 use crate::ladder::{EntryKind, Ladder, LadderPoint};
 use crate::paths;
+use crate::quant::BlockFormat;
 use crate::step::StepInput;
 
 /// The manifest format this crate reads and writes.
@@ -327,10 +328,32 @@ pub struct WeightEntry {
     pub slot: String,
     /// e.g. `weights/0012_layers.3.qkv_proj.bin`
     pub file: String,
+    /// The stored element type: f32 or bf16, or u8 for a block-quantized weight.
     pub dtype: Dtype,
+    /// The logical dims (`[out, in]` elements for a block-quantized weight, whatever its
+    /// bytes).
     pub dims: Vec<usize>,
     pub byte_length: u64,
     pub sha256: String,
+    /// The block format of a block-quantized weight (its file and operand are the raw blocks,
+    /// see [`crate::quant`]); absent for dense weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_format: Option<BlockFormat>,
+}
+
+impl WeightEntry {
+    /// The program operand this weight is: `(dtype, dims)` as stored, i.e. `u8 [out, row
+    /// bytes]` for a block-quantized weight and the dense `(dtype, dims)` otherwise. `None` for
+    /// a block-quantized weight whose dims its format cannot store (refused by validation).
+    pub fn operand(&self) -> Option<(Dtype, Vec<usize>)> {
+        match self.block_format {
+            None => Some((self.dtype, self.dims.clone())),
+            Some(format) => Some((
+                BlockFormat::OPERAND_DTYPE,
+                format.operand_dims(&self.dims).ok()?,
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -615,13 +638,32 @@ impl Manifest {
             if !slots.insert(w.slot.as_str()) {
                 return Err(invalid(field, "slot appears twice"));
             }
-            if !w.dtype.is_model_dtype() {
-                return Err(invalid(
-                    format!("{field}.dtype"),
-                    format!("{} is not a weight dtype; use f32 or bf16", w.dtype),
-                ));
-            }
-            match w.dtype.byte_length(&w.dims) {
+            let length = match w.block_format {
+                None if !w.dtype.is_model_dtype() => {
+                    return Err(invalid(
+                        format!("{field}.dtype"),
+                        format!("{} is not a weight dtype; use f32 or bf16", w.dtype),
+                    ));
+                }
+                None => w.dtype.byte_length(&w.dims),
+                Some(format) => {
+                    if w.dtype != BlockFormat::OPERAND_DTYPE {
+                        return Err(invalid(
+                            format!("{field}.dtype"),
+                            format!(
+                                "a {format} weight is stored as {}, not {}",
+                                BlockFormat::OPERAND_DTYPE,
+                                w.dtype
+                            ),
+                        ));
+                    }
+                    format
+                        .operand_dims(&w.dims)
+                        .map_err(|reason| invalid(format!("{field}.dims"), reason))?;
+                    format.byte_length(&w.dims)
+                }
+            };
+            match length {
                 Some(len) if len == w.byte_length => {}
                 expected => {
                     return Err(invalid(

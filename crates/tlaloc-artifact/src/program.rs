@@ -117,13 +117,16 @@ impl ProgramSignature {
             })
             .collect();
         inputs.extend(manifest.weights.iter().map(|w| {
+            // A block-quantized weight is its raw blocks; dims its format cannot store are
+            // refused by manifest validation, and stated as they are here.
+            let (dtype, dims) = w.operand().unwrap_or((w.dtype, w.dims.clone()));
             spec(
                 w.slot.clone(),
                 OperandRole::Weight {
                     slot: w.slot.clone(),
                 },
-                w.dtype,
-                w.dims.clone(),
+                dtype,
+                dims,
             )
         }));
         let mut outputs: Vec<TensorSpec> = StepOutput::ALL

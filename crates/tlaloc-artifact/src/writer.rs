@@ -13,6 +13,7 @@ use crate::loader::Artifact;
 use crate::manifest::{MANIFEST_FILE, Manifest, TokenizerFile, WeightEntry};
 use crate::paths;
 use crate::program::ProgramSignature;
+use crate::quant::BlockFormat;
 
 /// Whether [`ArtifactWriter::create_with`] may replace an existing artifact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,8 +132,43 @@ impl ArtifactWriter {
         dims: &[usize],
         bytes: &[u8],
     ) -> Result<WeightEntry, ArtifactError> {
+        self.write_weight_as(index, slot, dtype, dims, None, bytes)
+    }
+
+    /// Writes one block-quantized weight of logical dims `dims` (`[out, in]`) as its raw
+    /// blocks (`format`'s layout, see [`crate::quant`]) and returns its manifest row.
+    pub fn write_block_weight(
+        &mut self,
+        index: usize,
+        slot: &str,
+        format: BlockFormat,
+        dims: &[usize],
+        bytes: &[u8],
+    ) -> Result<WeightEntry, ArtifactError> {
+        self.write_weight_as(
+            index,
+            slot,
+            BlockFormat::OPERAND_DTYPE,
+            dims,
+            Some(format),
+            bytes,
+        )
+    }
+
+    fn write_weight_as(
+        &mut self,
+        index: usize,
+        slot: &str,
+        dtype: Dtype,
+        dims: &[usize],
+        block_format: Option<BlockFormat>,
+        bytes: &[u8],
+    ) -> Result<WeightEntry, ArtifactError> {
         check_name("weight slot", slot)?;
-        let expected = dtype.byte_length(dims);
+        let expected = match block_format {
+            None => dtype.byte_length(dims),
+            Some(format) => format.byte_length(dims),
+        };
         if expected != Some(bytes.len() as u64) {
             return Err(ArtifactError::WeightSizeMismatch {
                 slot: slot.to_owned(),
@@ -157,6 +193,7 @@ impl ArtifactWriter {
             dims: dims.to_vec(),
             byte_length: bytes.len() as u64,
             sha256: paths::sha256_hex(bytes),
+            block_format,
         })
     }
 

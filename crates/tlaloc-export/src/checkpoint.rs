@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{HfConfig, ModelConfig};
 use crate::error::{IngestError, Result, io_error};
-use crate::gguf::GgufCheckpoint;
+use crate::gguf::{GgmlType, GgufCheckpoint};
 use crate::safetensors::SafetensorsStore;
 use crate::tokenizer::TokenizerFiles;
 
@@ -848,6 +848,49 @@ impl Checkpoint {
             });
         }
         Ok(tensor)
+    }
+}
+
+/// A tensor as the ggml blocks a GGUF stores it in, rows in Hugging Face order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBlocks {
+    /// The stored ggml type.
+    pub ggml_type: GgmlType,
+    /// Hugging Face dims in elements (`[out, in]` for a matrix).
+    pub dims: Vec<usize>,
+    /// `dims[0]` rows of equal length, each the row's blocks as stored.
+    pub bytes: Vec<u8>,
+}
+
+impl Checkpoint {
+    /// `role`'s tensor as the blocks the file stores it in, when the checkpoint is a GGUF
+    /// (Q/K rows unpermuted and a fused tensor's rows taken as [`Checkpoint::tensor`] does,
+    /// row by row of blocks); `None` for safetensors checkpoints.
+    pub fn stored_blocks(&self, role: TensorRole) -> Result<Option<StoredBlocks>> {
+        let resolved = self.resolve(role);
+        let meta = self.meta(role)?;
+        let Store::Gguf(g) = &self.store else {
+            return Ok(None);
+        };
+        let (ggml_type, dims, mut bytes) = g.read_blocks(&meta.name, resolved)?;
+        let mut dims = dims;
+        if let Some((start, end)) = meta.rows {
+            let row = bytes.len() / dims[0];
+            bytes = bytes[start * row..end * row].to_vec();
+            dims[0] = end - start;
+        }
+        if dims != meta.dims {
+            return Err(IngestError::ShapeMismatch {
+                tensor: meta.name.clone(),
+                expected: meta.dims.clone(),
+                found: dims,
+            });
+        }
+        Ok(Some(StoredBlocks {
+            ggml_type,
+            dims,
+            bytes,
+        }))
     }
 }
 

@@ -9,15 +9,17 @@
 //! tables stay f32 (they are small and the graph computes with them in f32). A fused slot
 //! (q/k/v, gate/up and their biases) is its checkpoint tensors' rows written one after the
 //! other: dense row-major `[out, in]` tensors concatenate along the output dimension by
-//! concatenating their bytes.
+//! concatenating their bytes. With `keep_quantized`, a GGUF matrix whose every source tensor
+//! is Q8_0 (or every one Q4_0, or Q4_1) is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
+//! its tensors one after the other, Q/K rows unpermuted whole.
 
 use std::path::Path;
 
 use half::bf16;
 use tlaloc_artifact::kernels;
 use tlaloc_artifact::{
-    ArtifactError, ArtifactWriter, BodyVariant, Dtype, Entry, ExistingDir, FORMAT_VERSION,
-    KvCacheLayout, Ladder, LadderError, LadderOptions, Manifest, ManifestModel,
+    ArtifactError, ArtifactWriter, BlockFormat, BodyVariant, Dtype, Entry, ExistingDir,
+    FORMAT_VERSION, KvCacheLayout, Ladder, LadderError, LadderOptions, Manifest, ManifestModel,
     ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, OperandRole, PaddingContract,
     ProgramSignature, Provenance, SignatureMismatch, SourceCheckpoint, TensorSpec,
 };
@@ -43,6 +45,12 @@ pub struct ExportOptions {
     /// `cpu` body variant whose matrix multiplications call the runtime's host kernel
     /// ([`tlaloc_artifact::kernels::CPU_MATMUL`]) instead of XLA's.
     pub cpu_variant: bool,
+    /// Store each matrix weight whose every source tensor is Q8_0 (or every one Q4_0, or Q4_1) in a
+    /// GGUF checkpoint as its raw blocks (`tlaloc_artifact::quant`), dequantized in the graph
+    /// (Q8_0 blocks are passed as they are to [`tlaloc_artifact::kernels::CPU_MATMUL_Q8_0`]
+    /// by the `cpu` variant) rather than at export. Every other weight is stored as without
+    /// it.
+    pub keep_quantized: bool,
 }
 
 impl ExportOptions {
@@ -60,6 +68,7 @@ impl Default for ExportOptions {
             ladder: LadderOptions::default(),
             force: false,
             cpu_variant: false,
+            keep_quantized: false,
         }
     }
 }
@@ -110,6 +119,15 @@ pub enum ExportError {
     },
     #[error(transparent)]
     Artifact(#[from] ArtifactError),
+    #[error(
+        "weight slot {slot}: tensor {tensor:?} is {format} but cannot be kept quantized: {reason}"
+    )]
+    UnsupportedBlockWeight {
+        slot: String,
+        tensor: String,
+        format: BlockFormat,
+        reason: String,
+    },
 }
 
 /// Exports the checkpoint at `checkpoint` (a Hugging Face directory or a `.gguf` file) into
@@ -148,7 +166,10 @@ pub fn export_checkpoint(
 ) -> Result<ExportSummary, ExportError> {
     let ladder = checked_ladder(options)?;
     let config = &checkpoint.config;
-    let plan = WeightPlan::new(config, options.dtype, ladder.max_context);
+    let mut plan = WeightPlan::new(config, options.dtype, ladder.max_context);
+    if options.keep_quantized {
+        keep_blocks(checkpoint, &mut plan)?;
+    }
     let model = artifact_model(config);
     let kv = KvCacheLayout::for_model(
         &model,
@@ -178,6 +199,29 @@ pub fn export_checkpoint(
         plan.rope_positions,
     );
     for (index, slot) in plan.slots.iter().enumerate() {
+        if let (Some(format), SlotSource::Rows(roles)) = (slot.block, &slot.source) {
+            let mut bytes = Vec::new();
+            for &role in roles {
+                let blocks = checkpoint.stored_blocks(role)?.ok_or_else(|| {
+                    ExportError::UnsupportedBlockWeight {
+                        slot: slot.name.clone(),
+                        tensor: role.to_string(),
+                        format,
+                        reason: "the checkpoint stores no blocks".into(),
+                    }
+                })?;
+                bytes.extend_from_slice(&blocks.bytes);
+            }
+            let row = writer.write_block_weight(index, &slot.name, format, &slot.dims, &bytes)?;
+            weight_bytes += row.byte_length;
+            progress(ExportProgress::Weight {
+                index,
+                slot: slot.name.clone(),
+                bytes: row.byte_length,
+            });
+            weights.push(row);
+            continue;
+        }
         let values = match &slot.source {
             SlotSource::Rows(roles) => {
                 let mut values = Vec::with_capacity(slot.dims.iter().product());
@@ -246,7 +290,7 @@ pub fn export_checkpoint(
     for (index, point) in points.iter().enumerate() {
         let entry_stub = Entry::new(*point, String::new());
         let expected = ProgramSignature::expected_for(&manifest, &entry_stub);
-        let mut write = |kind: BodyKind| -> Result<String, ExportError> {
+        let mut write = |kind: BodyKind| -> Result<(String, Vec<String>), ExportError> {
             let module = graph::forward_program(&plan, &kv, *point, kind)?;
             signature_of(&module, &expected)
                 .check_against(&expected)
@@ -257,15 +301,16 @@ pub fn export_checkpoint(
             let text = module.to_text();
             let body = writer.write_body(&text)?;
             bodies.insert(body.clone(), text.len() as u64);
-            Ok(body)
+            Ok((body, kernels_called(&text)))
         };
-        let mut entry = Entry::new(*point, write(BodyKind::Portable)?);
+        let mut entry = Entry::new(*point, write(BodyKind::Portable)?.0);
         if options.cpu_variant && point.batch * point.tokens <= kernels::CPU_VARIANT_MAX_ROWS {
+            let (body, kernels) = write(BodyKind::Cpu)?;
             entry.variants.push(BodyVariant {
                 name: kernels::CPU_VARIANT.to_owned(),
                 platform: kernels::CPU_PLATFORM.to_owned(),
-                kernels: vec![kernels::CPU_MATMUL.to_owned()],
-                body: write(BodyKind::Cpu)?,
+                kernels,
+                body,
             });
         }
         writer.write_program(&expected)?;
@@ -284,6 +329,57 @@ pub fn export_checkpoint(
         weight_bytes,
         body_bytes: bodies.values().sum(),
     })
+}
+
+/// Marks every matrix slot of `plan` whose source tensors are all stored in one block format
+/// the graph reads (Q8_0, Q4_0, Q4_1) to be written as those blocks; refuses by name one the format
+/// cannot store.
+fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), ExportError> {
+    use crate::gguf::GgmlType;
+    let formats = [
+        (GgmlType::Q8_0.name(), BlockFormat::Q8_0),
+        (GgmlType::Q4_0.name(), BlockFormat::Q4_0),
+        (GgmlType::Q4_1.name(), BlockFormat::Q4_1),
+    ];
+    for slot in &mut plan.slots {
+        let SlotSource::Rows(roles) = &slot.source else {
+            continue;
+        };
+        if slot.dims.len() != 2 || checkpoint.source.kind != SourceKind::Gguf {
+            continue;
+        }
+        let first = checkpoint.meta(roles[0])?;
+        let Some(&(ggml_name, format)) = formats.iter().find(|(name, _)| *name == first.dtype)
+        else {
+            continue;
+        };
+        let mut all = true;
+        for &role in roles {
+            all &= checkpoint.meta(role)?.dtype == ggml_name;
+        }
+        if !all {
+            continue;
+        }
+        if let Err(reason) = format.operand_dims(&slot.dims) {
+            return Err(ExportError::UnsupportedBlockWeight {
+                slot: slot.name.clone(),
+                tensor: first.name.clone(),
+                format,
+                reason,
+            });
+        }
+        slot.block = Some(format);
+    }
+    Ok(())
+}
+
+/// The kernels the body `text` calls, in [`kernels::KERNELS`] order.
+fn kernels_called(text: &str) -> Vec<String> {
+    kernels::KERNELS
+        .iter()
+        .filter(|(target, _)| text.contains(&format!("call_target_name = \"{target}\"")))
+        .map(|(target, _)| (*target).to_owned())
+        .collect()
 }
 
 /// Dense little-endian bytes of `values` as `dtype` (bf16 rounds to nearest even).
@@ -429,10 +525,74 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
             if let Some(kv_dtype) = options.kv_dtype {
                 json["kvDtype"] = kv_dtype.name().into();
             }
+            if options.keep_quantized {
+                json["keepQuantized"] = true.into();
+            }
             if !l.prefill_batch_buckets.is_empty() {
                 json["prefillBatchBuckets"] = l.prefill_batch_buckets.clone().into();
             }
             json
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use tlaloc_artifact::{EntryKind, LadderPoint};
+
+    use super::*;
+
+    /// A block-quantized slot whose rows are not whole blocks is refused before anything is
+    /// built, naming the slot, the format and the width.
+    #[test]
+    fn a_block_weight_of_partial_blocks_is_refused_by_name() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/fixtures/tiny-llama-gqa");
+        let checkpoint = Checkpoint::open(fixture).unwrap();
+        let config = &checkpoint.config;
+        let mut plan = WeightPlan::new(config, Dtype::F32, 128);
+        let kv = KvCacheLayout::for_model(&artifact_model(config), Dtype::F32, 16, 9);
+        let point = LadderPoint {
+            kind: EntryKind::Decode,
+            batch: 1,
+            tokens: 1,
+            context: 128,
+        };
+        let slot = plan
+            .slots
+            .iter_mut()
+            .find(|s| s.name == "layers.1.o_proj")
+            .unwrap();
+        slot.block = Some(BlockFormat::Q8_0);
+        slot.dims[1] = 48;
+        for kind in [BodyKind::Portable, BodyKind::Cpu] {
+            let err = graph::forward_program(&plan, &kv, point, kind).unwrap_err();
+            assert!(
+                matches!(&err, GraphError::UnsupportedBlockWeight { slot, .. } if slot == "layers.1.o_proj"),
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("q8_0") && text.contains("48"), "{text}");
+        }
+        // Whole blocks are accepted.
+        let slot = plan
+            .slots
+            .iter_mut()
+            .find(|s| s.name == "layers.1.o_proj")
+            .unwrap();
+        slot.dims[1] = config.num_attention_heads * config.head_dim;
+        assert!(graph::forward_program(&plan, &kv, point, BodyKind::Cpu).is_ok());
+    }
+
+    #[test]
+    fn the_kernels_a_body_calls_are_read_off_its_text() {
+        let text = format!(
+            "stablehlo.custom_call ... call_target_name = \"{}\" ...",
+            kernels::CPU_MATMUL_Q8_0
+        );
+        assert_eq!(kernels_called(&text), [kernels::CPU_MATMUL_Q8_0]);
+        assert!(kernels_called("no calls").is_empty());
     }
 }

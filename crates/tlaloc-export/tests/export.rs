@@ -20,6 +20,7 @@ fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {
         ladder,
         force: false,
         cpu_variant: false,
+        keep_quantized: false,
     }
 }
 
@@ -381,6 +382,7 @@ fn the_cpu_variant_adds_kernel_bodies_to_entries_of_few_rows_and_nothing_else() 
     .unwrap();
     let with = ExportOptions {
         cpu_variant: true,
+        keep_quantized: false,
         ..options(Dtype::F32, small_ladder())
     };
     let a = support::scratch_dir("export-cpu-variant-a");

@@ -22,6 +22,7 @@ fn export_to(checkpoint: &Path, name: &str, dtype: Dtype, ladder: LadderOptions)
         ladder,
         force: false,
         cpu_variant: false,
+        keep_quantized: false,
     };
     let start = std::time::Instant::now();
     let summary = export(checkpoint, &out, &options, &mut |_| {})
@@ -240,6 +241,7 @@ fn export_tiny_kv(model: &str, name: &str, kv_dtype: Dtype) -> PathBuf {
         ladder: tiny_ladder(),
         force: false,
         cpu_variant: false,
+        keep_quantized: false,
     };
     export(support::fixture(model), &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {model} with {kv_dtype} pools: {e}"));
@@ -413,6 +415,7 @@ fn gemma3_270m_f32_matches_transformers_and_bf16_agrees() {
         ladder: LadderOptions::full_pool(1, 1024, 16, vec![128]),
         force: false,
         cpu_variant: false,
+        keep_quantized: false,
     };
     tlaloc_export::export_checkpoint(&checkpoint, &out, &options, &mut |_| {}).unwrap();
     let bf16_out = support::scratch_dir("forward-gemma3-270m-bf16");

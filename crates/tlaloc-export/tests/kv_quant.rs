@@ -26,6 +26,7 @@ fn export_with(checkpoint: &Path, name: &str, kv_dtype: Dtype, ladder: LadderOpt
         ladder,
         force: false,
         cpu_variant: false,
+        keep_quantized: false,
     };
     export(checkpoint, &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {name}: {e}"));

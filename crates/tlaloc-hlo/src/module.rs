@@ -386,6 +386,7 @@ fn attributes(kind: &OpKind, result: &TensorType) -> (&'static str, Vec<String>)
         OpKind::Select => ("select", vec![]),
         OpKind::Clamp => ("clamp", vec![]),
         OpKind::Convert => ("convert", vec![]),
+        OpKind::BitcastConvert => ("bitcast_convert", vec![]),
         OpKind::OptimizationBarrier => ("optimization_barrier", vec![]),
         OpKind::BroadcastInDim { dimensions } => (
             "broadcast_in_dim",

@@ -62,6 +62,11 @@ pub enum BinaryOp {
     Pow,
     And,
     Or,
+    /// Shift right, filling with zeros (`x >> n` on unsigned bits; a count of the bit width
+    /// or more gives 0).
+    ShiftRightLogical,
+    /// Shift left, filling with zeros (a count of the bit width or more gives 0).
+    ShiftLeft,
 }
 
 impl BinaryOp {
@@ -76,6 +81,8 @@ impl BinaryOp {
             BinaryOp::Pow => "power",
             BinaryOp::And => "and",
             BinaryOp::Or => "or",
+            BinaryOp::ShiftRightLogical => "shift_right_logical",
+            BinaryOp::ShiftLeft => "shift_left",
         }
     }
 
@@ -84,6 +91,7 @@ impl BinaryOp {
             BinaryOp::And | BinaryOp::Or => {
                 (t.is_int() || t == ScalarType::Pred, "an integer type or i1")
             }
+            BinaryOp::ShiftRightLogical | BinaryOp::ShiftLeft => (t.is_int(), "an integer type"),
             _ => (t.is_numeric(), "a float or integer type"),
         }
     }
@@ -260,6 +268,7 @@ pub(crate) enum OpKind {
     Select,
     Clamp,
     Convert,
+    BitcastConvert,
     OptimizationBarrier,
     BroadcastInDim {
         dimensions: Vec<usize>,
@@ -540,6 +549,14 @@ impl FunctionBuilder {
     pub fn or(&mut self, a: Value, b: Value) -> Result<Value, HloError> {
         self.binary(BinaryOp::Or, a, b)
     }
+    /// `a >> b` elementwise, zeros shifted in.
+    pub fn shift_right_logical(&mut self, a: Value, b: Value) -> Result<Value, HloError> {
+        self.binary(BinaryOp::ShiftRightLogical, a, b)
+    }
+    /// `a << b` elementwise, zeros shifted in.
+    pub fn shift_left(&mut self, a: Value, b: Value) -> Result<Value, HloError> {
+        self.binary(BinaryOp::ShiftLeft, a, b)
+    }
     pub fn neg(&mut self, x: Value) -> Result<Value, HloError> {
         self.unary(UnaryOp::Neg, x)
     }
@@ -662,6 +679,44 @@ impl FunctionBuilder {
     pub fn convert(&mut self, x: Value, dtype: ScalarType) -> Result<Value, HloError> {
         let t = self.check_value("convert", x)?.with_dtype(dtype);
         Ok(self.push_op1(OpKind::Convert, vec![x], t))
+    }
+
+    /// `stablehlo.bitcast_convert`: the same bits read as another element type. Between
+    /// types of one width the dims stay; to a type `k` times wider the operand's last dim
+    /// must be `k` and is dropped (its elements are the result element's bytes, the lowest
+    /// address first: little-endian); to a type `k` times narrower a last dim of `k` is
+    /// added. `i1` has no bit layout to reinterpret and is refused.
+    pub fn bitcast_convert(&mut self, x: Value, dtype: ScalarType) -> Result<Value, HloError> {
+        const OP: &str = "bitcast_convert";
+        let t = self.check_value(OP, x)?.clone();
+        if t.dtype == ScalarType::Pred || dtype == ScalarType::Pred {
+            return Err(invalid(
+                OP,
+                format!("{t} to {dtype}: i1 has no bit layout to reinterpret"),
+            ));
+        }
+        let (from, to) = (t.dtype.byte_size(), dtype.byte_size());
+        let mut dims = t.dims.clone();
+        if to > from {
+            let k = to / from;
+            if dims.last() != Some(&k) {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "{t} to {dtype}: an element of {dtype} is {k} of {}, so the operand's last dim must be {k}",
+                        t.dtype
+                    ),
+                ));
+            }
+            dims.pop();
+        } else if to < from {
+            dims.push(from / to);
+        }
+        Ok(self.push_op1(
+            OpKind::BitcastConvert,
+            vec![x],
+            TensorType::new(dtype, dims),
+        ))
     }
 
     // ---- shapes --------------------------------------------------------------------------

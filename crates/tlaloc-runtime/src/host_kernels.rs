@@ -3,16 +3,22 @@
 //! operands against the target's contract (count, dtypes, dims) and refuses by name what the
 //! contract does not allow; the arithmetic is `tlaloc_kernels`'.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use tlaloc_artifact::kernels::CPU_MATMUL;
+use tlaloc_artifact::BlockFormat;
+use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_MATMUL_Q8_0};
 use tlaloc_kernels::Matrix;
 use tlaloc_pjrt::{HostBuffer, HostBufferMut, HostElementType, HostKernel};
 
-/// The kernel registered for `target`, if this runtime has one.
+/// The kernel registered for `target`, if this runtime has one: one instance per target for
+/// the whole process, so that every engine loaded on a plugin registers the same kernel (a
+/// plugin refuses a second, different kernel under a target it already has).
 pub(crate) fn kernel_for(target: &str) -> Option<Arc<dyn HostKernel>> {
+    static MATMUL: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
+    static MATMUL_Q8_0: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
     match target {
-        CPU_MATMUL => Some(Arc::new(CpuMatmul)),
+        CPU_MATMUL => Some(MATMUL.get_or_init(|| Arc::new(CpuMatmul)).clone()),
+        CPU_MATMUL_Q8_0 => Some(MATMUL_Q8_0.get_or_init(|| Arc::new(CpuMatmulQ8_0)).clone()),
         _ => None,
     }
 }
@@ -20,11 +26,11 @@ pub(crate) fn kernel_for(target: &str) -> Option<Arc<dyn HostKernel>> {
 /// [`CPU_MATMUL`]: `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w f32 or bf16, y f32.
 struct CpuMatmul;
 
-fn dims2(what: &str, dims: &[i64]) -> Result<(usize, usize), String> {
+fn dims2(target: &str, what: &str, dims: &[i64]) -> Result<(usize, usize), String> {
     match dims {
         [a, b] if *a >= 0 && *b >= 0 => Ok((*a as usize, *b as usize)),
         _ => Err(format!(
-            "{CPU_MATMUL}: {what} must have two dims, it has {dims:?}"
+            "{target}: {what} must have two dims, it has {dims:?}"
         )),
     }
 }
@@ -47,9 +53,9 @@ impl HostKernel for CpuMatmul {
                 results.len()
             ));
         };
-        let (rows, inner) = dims2("x", x.dims())?;
-        let (out, w_inner) = dims2("w", w.dims())?;
-        let (y_rows, y_out) = dims2("y", y.dims())?;
+        let (rows, inner) = dims2(CPU_MATMUL, "x", x.dims())?;
+        let (out, w_inner) = dims2(CPU_MATMUL, "w", w.dims())?;
+        let (y_rows, y_out) = dims2(CPU_MATMUL, "y", y.dims())?;
         if w_inner != inner || y_rows != rows || y_out != out {
             return Err(format!(
                 "{CPU_MATMUL}: x is [{rows}, {inner}], w [{out}, {w_inner}] and y [{y_rows}, {y_out}]; \
@@ -73,5 +79,83 @@ impl HostKernel for CpuMatmul {
             .as_f32_mut()
             .ok_or_else(|| format!("{CPU_MATMUL}: y must be f32, it is {dtype:?}"))?;
         tlaloc_kernels::matmul_xwt(x, rows, inner, w, out, y).map_err(|e| e.to_string())
+    }
+}
+
+/// [`CPU_MATMUL_Q8_0`]: `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w the raw Q8_0 blocks
+/// `u8 [O, K / 32 * 34]`, y f32.
+struct CpuMatmulQ8_0;
+
+impl HostKernel for CpuMatmulQ8_0 {
+    fn execute(
+        &self,
+        args: &[HostBuffer<'_>],
+        results: &mut [HostBufferMut<'_>],
+    ) -> Result<(), String> {
+        const T: &str = CPU_MATMUL_Q8_0;
+        let [x, w] = args else {
+            return Err(format!(
+                "{T} takes two operands (x, w), it was given {}",
+                args.len()
+            ));
+        };
+        let [y] = results else {
+            return Err(format!(
+                "{T} has one result, it was given {}",
+                results.len()
+            ));
+        };
+        let (rows, inner) = dims2(T, "x", x.dims())?;
+        let (out, w_bytes) = dims2(T, "w", w.dims())?;
+        let (y_rows, y_out) = dims2(T, "y", y.dims())?;
+        let row_bytes = BlockFormat::Q8_0.row_bytes(inner);
+        if row_bytes != Some(w_bytes) || y_rows != rows || y_out != out {
+            return Err(format!(
+                "{T}: x is [{rows}, {inner}], w [{out}, {w_bytes}] and y [{y_rows}, {y_out}]; \
+                 they must be [N, K] with K a multiple of {}, [O, K / {} * {}] and [N, O]",
+                BlockFormat::Q8_0.block_elements(),
+                BlockFormat::Q8_0.block_elements(),
+                BlockFormat::Q8_0.block_bytes(),
+            ));
+        }
+        if w.dtype() != HostElementType::U8 {
+            return Err(format!("{T}: w must be u8 blocks, it is {:?}", w.dtype()));
+        }
+        let x = x
+            .as_f32()
+            .ok_or_else(|| format!("{T}: x must be f32, it is {:?}", x.dtype()))?;
+        let dtype = y.dtype();
+        let y = y
+            .as_f32_mut()
+            .ok_or_else(|| format!("{T}: y must be f32, it is {dtype:?}"))?;
+        tlaloc_kernels::matmul_xwt(x, rows, inner, Matrix::Q8_0(w.bytes()), out, y)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tlaloc_artifact::BlockFormat;
+    use tlaloc_artifact::kernels::KERNELS;
+
+    /// Every target of the contract has a kernel here, the same instance each time.
+    #[test]
+    fn every_kernel_target_has_one_kernel_per_process() {
+        for (target, _) in KERNELS {
+            let a = super::kernel_for(target).expect(target);
+            let b = super::kernel_for(target).expect(target);
+            assert!(Arc::ptr_eq(&a, &b), "{target}");
+        }
+        assert!(super::kernel_for("tlaloc.cpu.nothing").is_none());
+    }
+
+    /// The artifact's Q8_0 layout and the kernels crate's are the same numbers.
+    #[test]
+    fn the_q8_0_layout_agrees_with_tlaloc_kernels() {
+        let q = BlockFormat::Q8_0;
+        assert_eq!(q.block_elements(), tlaloc_kernels::Q8_0_BLOCK_ELEMS);
+        assert_eq!(q.block_bytes(), tlaloc_kernels::Q8_0_BLOCK_BYTES);
     }
 }

@@ -1093,8 +1093,15 @@ fn upload_weights(
                 &owned
             };
             let read = started.elapsed();
+            // A block-quantized weight is uploaded as the raw bytes its operand is.
+            let (dtype, dims) = w.operand().ok_or_else(|| {
+                LoadError::Unsupported(format!(
+                    "weight {}: {:?} cannot hold dims {:?}",
+                    w.slot, w.block_format, w.dims
+                ))
+            })?;
             let buffer = client
-                .buffer_from_host_bytes(bytes, element_type(w.dtype), &dims_i64(&w.dims), device)
+                .buffer_from_host_bytes(bytes, element_type(dtype), &dims_i64(&dims), device)
                 .map_err(pjrt(format!("uploading weight {}", w.slot)))?;
             let transfer = started.elapsed() - read;
             let mut stats = stats.lock().unwrap_or_else(|p| p.into_inner());

@@ -36,6 +36,7 @@ fn export_tiny(out: &Path) {
         ladder: LadderOptions::full_pool(2, 128, 16, vec![16]),
         force: false,
         cpu_variant: true,
+        keep_quantized: false,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, out, &options, &mut |_| {}).unwrap();

@@ -73,6 +73,7 @@ fn export_once(checkpoint: &Path, name: &str, ladder: LadderOptions) -> PathBuf 
         ladder,
         force: false,
         cpu_variant: false,
+        keep_quantized: false,
     };
     export(checkpoint, &out, &options, &mut |_| {}).unwrap_or_else(|e| {
         panic!(
@@ -887,6 +888,7 @@ fn smollm2_cpu_variant() -> &'static Path {
             ladder: LadderOptions::full_pool(4, 128, 16, vec![16]),
             force: false,
             cpu_variant: true,
+            keep_quantized: false,
         };
         export(&gguf, &out, &options, &mut |_| {}).unwrap();
         out

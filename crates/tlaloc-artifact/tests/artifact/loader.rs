@@ -397,3 +397,69 @@ fn unknown_manifest_field_is_refused_naming_it() {
     assert!(matches!(err, ArtifactError::Json { .. }), "{err:?}");
     assert!(err.to_string().contains("quantization"), "{err}");
 }
+
+/// A block-quantized weight entry: logical dims, `u8`, `blockFormat`; its byte length and its
+/// signature operand are the blocks'. An entry without the field reads as dense, and a block
+/// entry whose dims are not whole blocks, whose dtype is not u8 or whose length disagrees is
+/// refused, naming the field.
+#[test]
+fn a_block_quantized_weight_entry_is_validated_by_its_format() {
+    let (_tmp, dir, written) = fixture::written();
+    let bytes = std::fs::read(dir.join(MANIFEST_FILE)).unwrap();
+    let manifest = tlaloc_artifact::parse_manifest(&bytes).unwrap();
+    assert!(manifest.weights.iter().all(|w| w.block_format.is_none()));
+    let mut json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(json["weights"][1].get("blockFormat").is_none());
+    // layers.0.qkv_proj as a Q8_0 [2, 64]: 2 rows of 2 blocks of 34 bytes.
+    let w = &mut json["weights"][1];
+    w["dtype"] = "u8".into();
+    w["dims"] = serde_json::json!([2, 64]);
+    w["byteLength"] = 136.into();
+    w["blockFormat"] = "q8_0".into();
+    let parse = |json: &serde_json::Value| {
+        let manifest = tlaloc_artifact::parse_manifest(&serde_json::to_vec(json).unwrap())?;
+        manifest.validate().map(|()| manifest)
+    };
+    let manifest = parse(&json).unwrap();
+    let entry = manifest.weight("layers.0.qkv_proj").unwrap();
+    assert_eq!(entry.block_format, Some(tlaloc_artifact::BlockFormat::Q8_0));
+    assert_eq!(
+        entry.operand().unwrap(),
+        (tlaloc_artifact::Dtype::U8, vec![2, 68])
+    );
+    let signature = ProgramSignature::expected_for(&manifest, &written.manifest.entries[0]);
+    let spec = signature
+        .inputs
+        .iter()
+        .find(|s| s.name == "layers.0.qkv_proj")
+        .unwrap();
+    assert_eq!(
+        (spec.dtype, spec.dims.clone()),
+        (tlaloc_artifact::Dtype::U8, vec![2, 68])
+    );
+    for (field, value, needle) in [
+        (
+            "dims",
+            serde_json::json!([2, 48]),
+            "weights[1] (layers.0.qkv_proj).dims",
+        ),
+        (
+            "dtype",
+            "f32".into(),
+            "weights[1] (layers.0.qkv_proj).dtype",
+        ),
+        (
+            "byteLength",
+            128.into(),
+            "weights[1] (layers.0.qkv_proj).byteLength",
+        ),
+    ] {
+        let mut bad = json.clone();
+        bad["weights"][1][field] = value;
+        let err = parse(&bad).unwrap_err().to_string();
+        assert!(err.contains(needle), "{field}: {err}");
+    }
+    let mut bad = json.clone();
+    bad["weights"][1]["blockFormat"] = "q3_x".into();
+    assert!(parse(&bad).is_err());
+}

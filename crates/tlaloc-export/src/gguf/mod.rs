@@ -70,8 +70,36 @@ impl GgufCheckpoint {
         &self.header.tensors
     }
 
-    /// Reads tensor `name` (playing `role`) dequantized, in Hugging Face layout.
-    pub fn read(&self, name: &str, role: TensorRole) -> Result<Tensor> {
+    /// Reads tensor `name` (playing `role`) as its stored ggml blocks, rows in Hugging Face
+    /// order (Q/K rows unpermuted as [`GgufCheckpoint::read`] does, whole rows of blocks at a
+    /// time): the type, the Hugging Face dims and the bytes, `dims[0]` rows of equal length.
+    pub fn read_blocks(
+        &self,
+        name: &str,
+        role: TensorRole,
+    ) -> Result<(GgmlType, Vec<usize>, Vec<u8>)> {
+        let (info, bytes) = self.stored(name)?;
+        let dims = info.hf_dims();
+        let rows = dims.first().copied().unwrap_or(1);
+        if rows == 0 || bytes.len() % rows != 0 {
+            return Err(IngestError::Gguf {
+                path: self.path.clone(),
+                reason: format!(
+                    "tensor {name:?}: {} bytes are not {rows} rows of whole blocks",
+                    bytes.len()
+                ),
+            });
+        }
+        let mut bytes = bytes.to_vec();
+        if let Some(heads) = self.permuted_heads(role) {
+            let source = permuted_source_rows(rows, heads, name, &dims)?;
+            bytes = permute_rows(&bytes, bytes.len() / rows, &source);
+        }
+        Ok((info.ggml_type, dims, bytes))
+    }
+
+    /// The tensor's description and stored bytes.
+    fn stored(&self, name: &str) -> Result<(&GgufTensorInfo, &[u8])> {
         let info = self
             .header
             .tensors
@@ -88,6 +116,29 @@ impl GgufCheckpoint {
                 path: self.path.clone(),
                 reason: format!("tensor {name:?} lies past the end of the file"),
             })?;
+        Ok((info, bytes))
+    }
+
+    /// The head count whose RoPE row permutation llama.cpp applied to `role`'s rows: Q and K
+    /// (and their biases) of Llama-architecture files only.
+    fn permuted_heads(&self, role: TensorRole) -> Option<usize> {
+        if self.arch != "llama" {
+            return None;
+        }
+        match role {
+            TensorRole::Layer(_, LayerRole::Q | LayerRole::QBias) => {
+                Some(self.config.num_attention_heads)
+            }
+            TensorRole::Layer(_, LayerRole::K | LayerRole::KBias) => {
+                Some(self.config.num_key_value_heads)
+            }
+            _ => None,
+        }
+    }
+
+    /// Reads tensor `name` (playing `role`) dequantized, in Hugging Face layout.
+    pub fn read(&self, name: &str, role: TensorRole) -> Result<Tensor> {
+        let (info, bytes) = self.stored(name)?;
         let data = dequantize(info.ggml_type, bytes).map_err(|reason| match reason {
             DequantError::PartialBlock { .. } => IngestError::Gguf {
                 path: self.path.clone(),
@@ -100,20 +151,8 @@ impl GgufCheckpoint {
             },
         })?;
         let mut tensor = Tensor::new(name, info.hf_dims(), data)?;
-        // llama.cpp's converter permutes Q and K rows of Llama-architecture files only.
-        if self.arch == "llama" {
-            let heads = match role {
-                TensorRole::Layer(_, LayerRole::Q | LayerRole::QBias) => {
-                    Some(self.config.num_attention_heads)
-                }
-                TensorRole::Layer(_, LayerRole::K | LayerRole::KBias) => {
-                    Some(self.config.num_key_value_heads)
-                }
-                _ => None,
-            };
-            if let Some(heads) = heads {
-                tensor = reverse_permute(tensor, heads, name)?;
-            }
+        if let Some(heads) = self.permuted_heads(role) {
+            tensor = reverse_permute(tensor, heads, name)?;
         }
         Ok(tensor)
     }
@@ -140,36 +179,51 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
 pub fn reverse_permute(tensor: Tensor, n_head: usize, name: &str) -> Result<Tensor> {
     let rows = tensor.dims[0];
     let cols: usize = tensor.dims[1..].iter().product();
-    if n_head == 0 || rows % (2 * n_head) != 0 {
-        return Err(IngestError::ShapeMismatch {
-            tensor: name.to_string(),
-            expected: vec![2 * n_head, cols],
-            found: tensor.dims,
-        });
-    }
-    let dim = rows / n_head / 2;
-    let source_row = |out: usize| {
-        let (h, rest) = (out / (2 * dim), out % (2 * dim));
-        let (a, d) = (rest / dim, rest % dim);
-        h * 2 * dim + d * 2 + a
-    };
-    fn permute<T: Copy>(v: &[T], rows: usize, cols: usize, src: impl Fn(usize) -> usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(v.len());
-        for r in 0..rows {
-            let s = src(r);
-            out.extend_from_slice(&v[s * cols..(s + 1) * cols]);
-        }
-        out
-    }
+    let source = permuted_source_rows(rows, n_head, name, &tensor.dims)?;
     let data = match &tensor.data {
-        TensorData::F32(v) => TensorData::F32(permute(v, rows, cols, source_row)),
-        TensorData::BF16(v) => TensorData::BF16(permute(v, rows, cols, source_row)),
-        TensorData::F16(v) => TensorData::F16(permute(v, rows, cols, source_row)),
+        TensorData::F32(v) => TensorData::F32(permute_rows(v, cols, &source)),
+        TensorData::BF16(v) => TensorData::BF16(permute_rows(v, cols, &source)),
+        TensorData::F16(v) => TensorData::F16(permute_rows(v, cols, &source)),
     };
     Ok(Tensor {
         dims: tensor.dims,
         data,
     })
+}
+
+/// For each row of the unpermuted tensor of `rows` rows and `n_head` heads, the stored row it
+/// comes from.
+fn permuted_source_rows(
+    rows: usize,
+    n_head: usize,
+    name: &str,
+    dims: &[usize],
+) -> Result<Vec<usize>> {
+    if n_head == 0 || rows % (2 * n_head) != 0 {
+        let cols: usize = dims[1..].iter().product();
+        return Err(IngestError::ShapeMismatch {
+            tensor: name.to_string(),
+            expected: vec![2 * n_head, cols],
+            found: dims.to_vec(),
+        });
+    }
+    let dim = rows / n_head / 2;
+    Ok((0..rows)
+        .map(|out| {
+            let (h, rest) = (out / (2 * dim), out % (2 * dim));
+            let (a, d) = (rest / dim, rest % dim);
+            h * 2 * dim + d * 2 + a
+        })
+        .collect())
+}
+
+/// Rows of `width` units of `v` in the order `source` gives.
+fn permute_rows<T: Copy>(v: &[T], width: usize, source: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(v.len());
+    for &s in source {
+        out.extend_from_slice(&v[s * width..(s + 1) * width]);
+    }
+    out
 }
 
 fn meta_u64(h: &GgufHeader, key: &str) -> Result<Option<u64>> {

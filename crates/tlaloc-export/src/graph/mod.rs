@@ -34,6 +34,17 @@
 //! to bf16 and each dot accumulates in f32, as transformers does in bf16. New K/V rows are
 //! rounded to bf16 when written to the pools.
 //!
+//! Block-quantized weights (`WeightSlot::block`, `tlaloc_artifact::quant`). A Q8_0 matrix is
+//! its raw blocks, `u8 [out, in / 32 * 34]`. The portable body dequantizes it where it is used
+//! (`Graph::weight`): each block's first two bytes bitcast to its f16 scale, the other 32 to
+//! i8 codes, both widened to f32 and multiplied (exact), reshaped to `[out, in]` and converted
+//! to the matrix dtype, so `linear` runs unchanged after it; the embedding is gathered as
+//! bytes and only the gathered rows are dequantized. The `cpu` variant's `linear` passes the
+//! blocks as they are to `tlaloc.cpu.matmul_q8_0`. A Q4_0 matrix (`u8 [out, in / 32 * 18]`)
+//! is dequantized the same way, its codes the low then the high nibbles of its 16 code bytes
+//! minus 8; a Q4_1 matrix (`[out, in / 32 * 20]`) likewise, each code times `d` plus `m`. With
+//! no Q4 kernel, the `cpu` variant dequantizes those and calls the dense one.
+//!
 //! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
 //! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
 //! (`M` = 127 for i8, 448 for e4m3), codes `x / s` (i8: rounded to nearest even, clamped to
@@ -55,7 +66,7 @@ pub mod rope;
 use std::collections::BTreeMap;
 
 use tlaloc_artifact::step::{KvPool, PoolOperand, StepInput};
-use tlaloc_artifact::{Dtype, KvCacheLayout, LadderPoint, kernels};
+use tlaloc_artifact::{BlockFormat, Dtype, KvCacheLayout, LadderPoint, kernels};
 use tlaloc_hlo::{
     CompareDirection, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision, Scalar,
     ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
@@ -85,8 +96,27 @@ pub enum SlotSource {
 pub struct WeightSlot {
     pub name: String,
     pub source: SlotSource,
+    /// The dtype the graph computes with (the matrix dtype for a block-quantized matrix).
     pub dtype: Dtype,
+    /// Logical dims (`[out, in]` elements for a block-quantized matrix).
     pub dims: Vec<usize>,
+    /// The block format the slot's operand is stored in (its raw blocks, `u8 [out, row
+    /// bytes]`, see `tlaloc_artifact::quant`); `None` for a dense operand of `dtype`.
+    pub block: Option<BlockFormat>,
+}
+
+impl WeightSlot {
+    /// The operand's element type and dims: the raw blocks of a block-quantized matrix, or
+    /// the dense tensor. `None` where the format cannot store the dims.
+    pub fn operand(&self) -> Option<(Dtype, Vec<usize>)> {
+        match self.block {
+            None => Some((self.dtype, self.dims.clone())),
+            Some(format) => Some((
+                BlockFormat::OPERAND_DTYPE,
+                format.operand_dims(&self.dims).ok()?,
+            )),
+        }
+    }
 }
 
 /// The weight slots of a model in manifest (and operand) order, and what the graph needs to
@@ -164,6 +194,7 @@ impl WeightPlan {
                 source: SlotSource::Rows(roles),
                 dtype,
                 dims,
+                block: None,
             });
         };
         push(EMBEDDING_SLOT.into(), vec![TensorRole::Embedding]);
@@ -192,6 +223,7 @@ impl WeightPlan {
                 source,
                 dtype: Dtype::F32,
                 dims: vec![rope_positions, c.head_dim],
+                block: None,
             });
         }
         WeightPlan {
@@ -216,6 +248,8 @@ pub enum GraphError {
     UnsupportedDtype(Dtype),
     #[error("K/V pools of {0} are not supported; use f32, bf16, i8 or f8e4m3fn")]
     UnsupportedKvDtype(Dtype),
+    #[error("weight slot {slot}: {reason}")]
+    UnsupportedBlockWeight { slot: String, reason: String },
     #[error("entry {entry}: context {context} is not a multiple of the KV block size {block_size}")]
     ContextNotBlockAligned {
         entry: String,
@@ -278,9 +312,20 @@ pub fn forward_program(
     };
     // Quantized pages are read widened to the matrix dtype; the others as they are.
     let attention = if quant.is_some() { matrix } else { pool };
+    for slot in &plan.slots {
+        if let Some(format) = slot.block {
+            format.operand_dims(&slot.dims).map_err(|reason| {
+                GraphError::UnsupportedBlockWeight {
+                    slot: slot.name.clone(),
+                    reason,
+                }
+            })?;
+        }
+    }
     let mut g = Graph {
         f: FunctionBuilder::new("tlaloc_forward"),
         weights: BTreeMap::new(),
+        blocks: BTreeMap::new(),
         matrix,
         pool,
         attention,
@@ -292,7 +337,10 @@ pub fn forward_program(
 
 struct Graph {
     f: FunctionBuilder,
+    /// Every weight operand as declared (the raw blocks of a block-quantized one).
     weights: BTreeMap<String, Value>,
+    /// The block-quantized weights: their format and logical dims.
+    blocks: BTreeMap<String, (BlockFormat, Vec<usize>)>,
     /// Element type of the matrix weights.
     matrix: ScalarType,
     /// Element type of the KV pools.
@@ -323,7 +371,115 @@ fn f32_ty(dims: &[usize]) -> TensorType {
 }
 
 impl Graph {
-    fn weight(&self, slot: &str) -> Result<Value, HloError> {
+    /// The weight `slot` in the dtype the graph computes with: a block-quantized weight is
+    /// dequantized here ([`Graph::dequantize`]), so what follows is the code of a dense one.
+    fn weight(&mut self, slot: &str) -> Result<Value, HloError> {
+        let w = self.operand(slot)?;
+        match self.blocks.get(slot).cloned() {
+            None => Ok(w),
+            Some((format, dims)) => self.dequantize(w, format, dims[1]),
+        }
+    }
+
+    /// Raw rows of blocks `w [R, row bytes]` u8 as `[R, inner]` in the matrix dtype. Q8_0:
+    /// each block's first two bytes are read as its f16 scale and the other 32 as i8 codes
+    /// (bitcasts, little-endian), both widened to f32 and multiplied (exact: see
+    /// `BlockFormat::Q8_0`), then converted to the matrix dtype (exact for f32).
+    fn dequantize(
+        &mut self,
+        w: Value,
+        format: BlockFormat,
+        inner: usize,
+    ) -> Result<Value, HloError> {
+        let rows = self.dims(w)?[0];
+        let (elements, bytes) = (format.block_elements(), format.block_bytes());
+        let blocks = inner / elements;
+        let values = match format {
+            BlockFormat::Q8_0 => {
+                let scale_bytes = tlaloc_artifact::quant::Q8_0_SCALE_BYTES;
+                let w = self.f.reshape(w, [rows, blocks, bytes])?;
+                let scales = self
+                    .f
+                    .slice(w, [0, 0, 0], [rows, blocks, scale_bytes], [1, 1, 1])?;
+                let scales = self.f.bitcast_convert(scales, ScalarType::F16)?;
+                let scales = self.f.convert(scales, ScalarType::F32)?;
+                let scales = self
+                    .f
+                    .broadcast_in_dim(scales, [rows, blocks, elements], [0, 1])?;
+                let codes =
+                    self.f
+                        .slice(w, [0, 0, scale_bytes], [rows, blocks, bytes], [1, 1, 1])?;
+                let codes = self.f.bitcast_convert(codes, ScalarType::I8)?;
+                let codes = self.f.convert(codes, ScalarType::F32)?;
+                self.f.mul(codes, scales)?
+            }
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                let f16s = tlaloc_artifact::quant::SCALE_BYTES;
+                // Q4_0: d, then the codes; Q4_1: d, m, then the codes.
+                let head = if format == BlockFormat::Q4_1 {
+                    2 * f16s
+                } else {
+                    f16s
+                };
+                let half = elements / 2;
+                let dims = [rows, blocks, elements];
+                let w = self.f.reshape(w, [rows, blocks, bytes])?;
+                let f16_at = |g: &mut Graph, at: usize| -> Result<Value, HloError> {
+                    let v =
+                        g.f.slice(w, [0, 0, at], [rows, blocks, at + f16s], [1, 1, 1])?;
+                    let v = g.f.bitcast_convert(v, ScalarType::F16)?;
+                    let v = g.f.convert(v, ScalarType::F32)?;
+                    g.f.broadcast_in_dim(v, dims, [0, 1])
+                };
+                let scales = f16_at(self, 0)?;
+                let mins = if format == BlockFormat::Q4_1 {
+                    Some(f16_at(self, f16s)?)
+                } else {
+                    None
+                };
+                let packed = self
+                    .f
+                    .slice(w, [0, 0, head], [rows, blocks, bytes], [1, 1, 1])?;
+                // Low nibbles are elements 0..16 of the block, high nibbles 16..32.
+                let mask = self.f.splat(Scalar::U8(0x0F), [rows, blocks, half])?;
+                let four = self.f.splat(Scalar::U8(4), [rows, blocks, half])?;
+                let low = self.f.and(packed, mask)?;
+                let high = self.f.shift_right_logical(packed, four)?;
+                let codes = self.f.concatenate(&[low, high], 2)?;
+                let codes = self.f.convert(codes, ScalarType::F32)?;
+                match mins {
+                    None => {
+                        let offset = self.f.full(
+                            &f32_ty(&dims),
+                            f64::from(tlaloc_artifact::quant::Q4_0_CODE_OFFSET),
+                        )?;
+                        let codes = self.f.sub(codes, offset)?;
+                        self.f.mul(codes, scales)?
+                    }
+                    Some(mins) => {
+                        let scaled = self.f.mul(codes, scales)?;
+                        self.f.add(scaled, mins)?
+                    }
+                }
+            }
+        };
+        let values = self.f.reshape(values, [rows, inner])?;
+        self.in_dtype(values, self.matrix)
+    }
+
+    /// Rows of the embedding `[vocab, hidden]` at `ids [N]`, in the matrix dtype: a
+    /// block-quantized table is gathered as bytes and only the gathered rows dequantized.
+    fn embedding_rows(&mut self, ids: Value) -> Result<Value, HloError> {
+        let table = self.operand(EMBEDDING_SLOT)?;
+        let rows = self.gather_rows(table, ids)?;
+        match self.blocks.get(EMBEDDING_SLOT).cloned() {
+            None => Ok(rows),
+            Some((format, dims)) => self.dequantize(rows, format, dims[1]),
+        }
+    }
+
+    /// The weight operand `slot` as declared.
+    fn operand(&self, slot: &str) -> Result<Value, HloError> {
         self.weights
             .get(slot)
             .copied()
@@ -344,7 +500,7 @@ impl Graph {
     /// `x [N, in] f32` times the `[out, in]` weight `slot`, plus the optional f32 bias;
     /// returns `[N, out]` f32.
     fn linear(&mut self, x: Value, slot: &str, bias: Option<&str>) -> Result<Value, HloError> {
-        let w = self.weight(slot)?;
+        let block = self.blocks.get(slot).map(|(format, _)| *format);
         let x = if self.matrix == ScalarType::F32 {
             x
         } else {
@@ -354,8 +510,17 @@ impl Graph {
             let d = self.dims(x)?;
             (d[0], d[1])
         };
-        let out = self.dims(w)?[0];
-        let y = if self.kind == BodyKind::Cpu && n <= kernels::CPU_VARIANT_MAX_ROWS {
+        let out = self.dims(self.operand(slot)?)?[0];
+        let cpu_kernel = self.kind == BodyKind::Cpu && n <= kernels::CPU_VARIANT_MAX_ROWS;
+        let y = if cpu_kernel && block == Some(BlockFormat::Q8_0) {
+            // The kernel takes the raw blocks; x is f32 (rounded to the matrix dtype above,
+            // as the portable body's dot takes it).
+            let x = self.in_dtype(x, ScalarType::F32)?;
+            let w = self.operand(slot)?;
+            self.f
+                .custom_call(kernels::CPU_MATMUL_Q8_0, &[x, w], f32_ty(&[n, out]), &[])?
+        } else if cpu_kernel {
+            let w = self.weight(slot)?;
             // The host kernel takes x in f32; x was rounded to the matrix dtype above, as the
             // portable dot takes it, so the products are the same.
             let x = if self.matrix == ScalarType::F32 {
@@ -366,6 +531,7 @@ impl Graph {
             self.f
                 .custom_call(kernels::CPU_MATMUL, &[x, w], f32_ty(&[n, out]), &[])?
         } else if n == 1 && self.matrix != ScalarType::F32 {
+            let w = self.weight(slot)?;
             // One row against a low-precision matrix: multiply and reduce in f32 instead of a
             // dot. XLA GPU runs this as a reduction fusion that streams the weight at a higher
             // fraction of memory bandwidth than its GEMM for M = 1 (scripts/gpu/matvec_probe.py);
@@ -378,6 +544,7 @@ impl Graph {
             let y = self.f.reduce_sum(products, [1])?;
             self.f.reshape(y, [1, out])?
         } else {
+            let w = self.weight(slot)?;
             let dims = DotDims::contracting(1, 1);
             let precision = self.precision(self.matrix);
             self.f
@@ -565,10 +732,17 @@ fn build(
         slot_mapping: step_arg(StepInput::SlotMapping)?,
     };
     for slot in &plan.slots {
-        let dtype = hlo_dtype_unchecked(slot.dtype);
-        let v =
-            g.f.arg_named(&slot.name, TensorType::new(dtype, slot.dims.clone()))?;
+        // Checked by forward_program before building.
+        let (dtype, dims) = slot.operand().unwrap_or((slot.dtype, slot.dims.clone()));
+        let v = g.f.arg_named(
+            &slot.name,
+            TensorType::new(hlo_dtype_unchecked(dtype), dims),
+        )?;
         g.weights.insert(slot.name.clone(), v);
+        if let Some(format) = slot.block {
+            g.blocks
+                .insert(slot.name.clone(), (format, slot.dims.clone()));
+        }
     }
     // The donated K/V operands as the step contract lists them (codes, then scales per layer).
     let pool_operands = PoolOperand::all(kv);
@@ -589,8 +763,7 @@ fn build(
 
     // Embedding and the RoPE rows of every token.
     let flat_ids = g.f.reshape(token_ids, [n])?;
-    let embedding = g.weight(EMBEDDING_SLOT)?;
-    let mut h = g.gather_rows(embedding, flat_ids)?;
+    let mut h = g.embedding_rows(flat_ids)?;
     if c.scale_embedding {
         // transformers multiplies by sqrt(hidden) rounded to the embedding's dtype, in it.
         let scale = g.f.full(

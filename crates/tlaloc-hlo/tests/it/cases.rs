@@ -33,12 +33,14 @@ cases!(
     binary_bf16,
     binary_i32,
     binary_logical,
+    shifts_and_masks_u8,
     unary_exact_f32,
     unary_transcendental_f32,
     compare_float,
     compare_signed_unsigned,
     select_and_clamp,
     convert,
+    bitcast_convert,
     quantize_i8_and_f8e4m3fn,
     broadcast_in_dim,
     reshape_transpose,
@@ -285,6 +287,32 @@ pub fn binary_logical() -> Case {
     exact(f.finish(&outs).unwrap(), vec![tp, tq, tx, ty], expected)
 }
 
+/// Nibbles of bytes (a Q4_0 block's codes): `x & 0xF` and `x >> 4`, and shifts by 0..8 both
+/// ways (a count of 8 gives 0).
+pub fn shifts_and_masks_u8() -> Case {
+    let x: Vec<u8> = vec![0x00, 0x0F, 0xF0, 0xA5, 0xFF, 0x81, 0x7E, 0x3C];
+    let n: Vec<u8> = (0..8).map(|i| i + 1).collect();
+    let (tx, tn) = (vector(&x), vector(&n));
+    let mut f = FunctionBuilder::new("shifts_and_masks_u8");
+    let [a, b] = args(&mut f, [&tx, &tn]);
+    let mask = f.splat(tlaloc_hlo::Scalar::U8(0x0F), [8]).unwrap();
+    let four = f.splat(tlaloc_hlo::Scalar::U8(4), [8]).unwrap();
+    let outs = [
+        f.and(a, mask).unwrap(),
+        f.shift_right_logical(a, four).unwrap(),
+        f.shift_right_logical(a, b).unwrap(),
+        f.shift_left(a, b).unwrap(),
+    ];
+    let shift = |g: fn(u8, u8) -> u8| t([8], zip_with(&x, &n, g));
+    let expected = vec![
+        t([8], x.iter().map(|v| v & 0x0F).collect::<Vec<_>>()),
+        t([8], x.iter().map(|v| v >> 4).collect::<Vec<_>>()),
+        shift(|v, k| v.checked_shr(u32::from(k)).unwrap_or(0)),
+        shift(|v, k| v.checked_shl(u32::from(k)).unwrap_or(0)),
+    ];
+    exact(f.finish(&outs).unwrap(), vec![tx, tn], expected)
+}
+
 /// negate, abs and sqrt are exact in IEEE 754.
 pub fn unary_exact_f32() -> Case {
     let mut rng = Lcg::new(3);
@@ -419,6 +447,35 @@ pub fn select_and_clamp() -> Case {
         vec![tp, tx, ty],
         expected,
     )
+}
+
+/// Bytes reread as wider and same-width types, little-endian (a Q8_0 block's f16 scale and
+/// i8 codes), and f32 reread as its bytes.
+pub fn bitcast_convert() -> Case {
+    let scales = [f16::from_f32(0.0123), f16::from_f32(-2.5), f16::MAX];
+    let bytes: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let codes: Vec<u8> = vec![0, 1, 127, 128, 255, 200];
+    let floats = vec![1.5f32, -0.0];
+    let (tb, tc, tf) = (t([3, 2], bytes), vector(&codes), vector(&floats));
+    let mut f = FunctionBuilder::new("bitcast_convert");
+    let [bv, cv, fv] = args(&mut f, [&tb, &tc, &tf]);
+    let outs = [
+        f.bitcast_convert(bv, ScalarType::F16).unwrap(),
+        f.bitcast_convert(cv, ScalarType::I8).unwrap(),
+        f.bitcast_convert(fv, ScalarType::U8).unwrap(),
+    ];
+    let expected = vec![
+        t([3], scales.to_vec()),
+        t([6], codes.iter().map(|&c| c as i8).collect::<Vec<_>>()),
+        t(
+            [2, 4],
+            floats
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
+    ];
+    exact(f.finish(&outs).unwrap(), vec![tb, tc, tf], expected)
 }
 
 /// Float narrowing rounds to nearest even (as `half` does); float to int truncates toward zero.

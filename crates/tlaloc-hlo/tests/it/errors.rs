@@ -416,3 +416,37 @@ fn custom_call_refuses_a_malformed_target_or_attribute() {
         &["\"rows\" given twice"],
     );
 }
+
+#[test]
+fn bitcast_convert_checks_widths() {
+    let mut f = FunctionBuilder::new("t");
+    let bytes = f.arg(ty(ScalarType::U8, &[3, 4]));
+    refused(
+        f.bitcast_convert(bytes, ScalarType::F16),
+        "bitcast_convert",
+        &["tensor<3x4xui8>", "last dim must be 2"],
+    );
+    let p = f.arg(ty(ScalarType::Pred, &[2]));
+    refused(
+        f.bitcast_convert(p, ScalarType::I8),
+        "bitcast_convert",
+        &["i1"],
+    );
+    let ok = f.bitcast_convert(bytes, ScalarType::F32).unwrap();
+    assert_eq!(f.ty(ok).unwrap(), &ty(ScalarType::F32, &[3]));
+}
+
+#[test]
+fn shifts_refuse_floats_and_mismatched_types() {
+    let (mut f, x, y) = two_args(ty(ScalarType::F32, &[2]), ty(ScalarType::U8, &[2]));
+    refused(
+        f.shift_right_logical(x, x),
+        "shift_right_logical",
+        &["f32", "integer"],
+    );
+    refused(
+        f.shift_left(x, y),
+        "shift_left",
+        &["tensor<2xf32>", "tensor<2xui8>"],
+    );
+}

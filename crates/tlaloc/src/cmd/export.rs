@@ -85,6 +85,10 @@ pub struct ExportArgs {
     /// Body variants to add beside each entry's portable body (repeatable or a comma list).
     #[arg(long, value_enum, value_delimiter = ',')]
     variants: Vec<VariantArg>,
+    /// Keep GGUF Q8_0, Q4_0 and Q4_1 matrix weights as their blocks (dequantized in the graph;
+    /// Q8_0 read as it is by the CPU variant's kernel) instead of dequantizing them at export.
+    #[arg(long)]
+    keep_quantized: bool,
     /// After exporting, compile every entry with this plugin and ship the executables in the
     /// artifact (as `tlaloc compile`); repeatable, one set per plugin.
     #[arg(long, value_name = "PLUGIN")]
@@ -138,6 +142,7 @@ impl ExportArgs {
             },
             force: self.force,
             cpu_variant: self.variants.contains(&VariantArg::Cpu),
+            keep_quantized: self.keep_quantized,
         }
     }
 }

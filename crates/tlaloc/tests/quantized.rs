@@ -1,0 +1,472 @@
+//! GGUF Q8_0, Q4_0 and Q4_1 weights kept quantized, end to end on every test plugin. The tiny
+//! Llama fixture's f32 weights are quantized to each by a scalar llama.cpp quantizer here (matrices only, Q and
+//! K rows permuted as llama.cpp's converter writes them) into a GGUF, which is exported twice:
+//! dequantized at export (f32, the reference) and with `keep_quantized` plus the `cpu` variant.
+//!
+//! The kept blocks dequantize to exactly the f32 artifact's weights (`d * code` is exact in
+//! f32, Q4_1's `+ m` rounds once in both, and the Q/K row permutation moves whole rows of blocks), so the portable body (which
+//! dequantizes in the graph) and the `cpu` variant (whose kernel reads the blocks) compute the
+//! f32 artifact's function with the same products; only the order of the f32 sums differs. Each
+//! dot of length `K <= 128` then differs by at most `2 γ_K Σ|x w|` (`γ_K = K u / (1 - K u)`,
+//! `u = 2^-24`, about `1.5e-5 Σ|x w|`), and through two layers, the norms and the log-softmax
+//! that stays well inside the relative logprob tolerance below, which is the one the engine's
+//! other float-order comparisons use.
+
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_MATMUL_Q8_0};
+use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
+use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
+use tlaloc_pjrt::discovery::PluginRequest;
+use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_runtime::{
+    CompileMode, Engine, EngineHandle, EngineOptions, GenerateRequest, GenerateResult,
+    KernelChoice, LoadOptions,
+};
+
+/// Relative logprob tolerance of two runs that differ only by float summation order (relative
+/// to the value's magnitude, at least 1).
+const LOGPROB_REL_TOL: f32 = 1e-4;
+
+const Q8_0_TYPE: u32 = 8;
+const Q4_0_TYPE: u32 = 2;
+const Q4_1_TYPE: u32 = 3;
+const F32_TYPE: u32 = 0;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    dir
+}
+
+/// Writes a small GGUF v3: u32/f32/string metadata and tensors `(name, ne, type id, bytes)`.
+struct GgufWriter {
+    kv: Vec<u8>,
+    kv_count: u64,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    fn new(arch: &str) -> Self {
+        let mut w = Self {
+            kv: Vec::new(),
+            kv_count: 0,
+            tensors: Vec::new(),
+        };
+        w.string("general.architecture", arch);
+        w
+    }
+    fn key(&mut self, key: &str, ty: u32) {
+        self.kv.extend((key.len() as u64).to_le_bytes());
+        self.kv.extend(key.as_bytes());
+        self.kv.extend(ty.to_le_bytes());
+        self.kv_count += 1;
+    }
+    fn string(&mut self, key: &str, value: &str) {
+        self.key(key, 8);
+        self.kv.extend((value.len() as u64).to_le_bytes());
+        self.kv.extend(value.as_bytes());
+    }
+    fn u32(&mut self, key: &str, value: u32) {
+        self.key(key, 4);
+        self.kv.extend(value.to_le_bytes());
+    }
+    fn f32(&mut self, key: &str, value: f32) {
+        self.key(key, 6);
+        self.kv.extend(value.to_le_bytes());
+    }
+    fn strings(&mut self, key: &str, values: &[String]) {
+        self.key(key, 9);
+        self.kv.extend(8u32.to_le_bytes());
+        self.kv.extend((values.len() as u64).to_le_bytes());
+        for v in values {
+            self.kv.extend((v.len() as u64).to_le_bytes());
+            self.kv.extend(v.as_bytes());
+        }
+    }
+    fn tensor(&mut self, name: &str, dims: &[usize], ty: u32, data: Vec<u8>) {
+        let ne = dims.iter().rev().map(|&d| d as u64).collect();
+        self.tensors.push((name.into(), ne, ty, data));
+    }
+    fn finish(&self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend(self.kv_count.to_le_bytes());
+        out.extend(&self.kv);
+        let mut offset = 0u64;
+        for (name, ne, ty, data) in &self.tensors {
+            out.extend((name.len() as u64).to_le_bytes());
+            out.extend(name.as_bytes());
+            out.extend((ne.len() as u32).to_le_bytes());
+            for d in ne {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(ty.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset += (data.len() as u64).next_multiple_of(32);
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        for (_, _, _, data) in &self.tensors {
+            out.extend(data);
+            out.resize(out.len().next_multiple_of(32), 0);
+        }
+        out
+    }
+}
+
+/// llama.cpp's `quantize_row_q8_0_ref`: per block of 32, `d = absmax / 127` (stored as f16),
+/// `code = round(x / d)` (computed as `x * (1 / d)` with the f32 `d`, rounded half away from
+/// zero).
+fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 34);
+    for block in values.chunks_exact(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        for &x in block {
+            out.push(((x * id).round() as i8) as u8);
+        }
+    }
+    out
+}
+
+/// llama.cpp's `quantize_row_q4_0_ref`: per block of 32, the value of largest magnitude `m`
+/// (first one on ties), `d = m / -8` (stored as f16), codes `min(15, trunc(x / d + 8.5))`,
+/// element `j` in the low nibble of byte `j` and element `j + 16` in its high nibble.
+fn quantize_q4_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 18);
+    for block in values.chunks_exact(32) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in block {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        let code = |x: f32| ((x * id + 8.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            out.push(code(block[j]) | (code(block[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+/// llama.cpp's `quantize_row_q4_1_ref`: per block of 32, `d = (max - min) / 15` and `m = min`
+/// (both stored as f16), codes `min(15, trunc((x - min) / d + 0.5))`, packed as Q4_0's.
+fn quantize_q4_1(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 20);
+    for block in values.chunks_exact(32) {
+        let min = block.iter().copied().fold(f32::MAX, f32::min);
+        let max = block.iter().copied().fold(-f32::MAX, f32::max);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        out.extend(f16::from_f32(min).to_le_bytes());
+        let code = |x: f32| (((x - min) * id + 0.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            out.push(code(block[j]) | (code(block[j + 16]) << 4));
+        }
+    }
+    out
+}
+
+/// Scalar Q4_1 dequantization: `d * code + m`, in f32.
+fn dequantize_q4_1(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 20 * 32);
+    for block in bytes.chunks_exact(20) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let m = f16::from_le_bytes([block[2], block[3]]).to_f32();
+        let qs = &block[4..];
+        out.extend(qs.iter().map(|&q| d * f32::from(q & 0xF) + m));
+        out.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
+    }
+    out
+}
+
+/// Scalar Q4_0 dequantization: `d * (code - 8)`, each in f32.
+fn dequantize_q4_0(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 18 * 32);
+    for block in bytes.chunks_exact(18) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let qs = &block[2..];
+        out.extend(qs.iter().map(|&q| d * (i32::from(q & 0xF) - 8) as f32));
+        out.extend(qs.iter().map(|&q| d * (i32::from(q >> 4) - 8) as f32));
+    }
+    out
+}
+
+/// Scalar Q8_0 dequantization: `d * code`, each in f32.
+fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 34 * 32);
+    for block in bytes.chunks_exact(34) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        out.extend(block[2..].iter().map(|&q| d * f32::from(q as i8)));
+    }
+    out
+}
+
+/// llama.cpp's `permute(w, n_head)` of a `[rows, cols]` tensor: within each head the rows
+/// `(2, dim)` are written as `(dim, 2)`.
+fn llama_permute(values: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
+    let cols = values.len() / rows;
+    let dim = rows / n_head / 2;
+    let mut out = Vec::with_capacity(values.len());
+    for r in 0..rows {
+        let (h, rest) = (r / (2 * dim), r % (2 * dim));
+        let (d, a) = (rest / 2, rest % 2);
+        let src = h * 2 * dim + a * dim + d;
+        out.extend_from_slice(&values[src * cols..(src + 1) * cols]);
+    }
+    out
+}
+
+/// The tiny Llama fixture as a llama.cpp GGUF: matrices in `format`, norms f32, a placeholder
+/// `gpt2` vocabulary of the model's size.
+fn tiny_gguf(dir: &Path, format: BlockFormat) -> PathBuf {
+    let st = Checkpoint::open(workspace_root().join("tests/data/fixtures/tiny-llama-gqa")).unwrap();
+    let c = &st.config;
+    let mut w = GgufWriter::new("llama");
+    for (k, v) in [
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("block_count", c.num_hidden_layers),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("attention.key_length", c.head_dim),
+        ("context_length", c.max_position_embeddings),
+    ] {
+        w.u32(&format!("llama.{k}"), v as u32);
+    }
+    w.f32(
+        "llama.attention.layer_norm_rms_epsilon",
+        c.rms_norm_eps as f32,
+    );
+    w.f32("llama.rope.freq_base", c.rope_theta as f32);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..c.vocab_size).map(|i| format!("t{i}")).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    for role in st.roles() {
+        let t = st.tensor(role).unwrap();
+        let mut values = t.to_f32();
+        let heads = match role {
+            TensorRole::Layer(_, LayerRole::Q) => Some(c.num_attention_heads),
+            TensorRole::Layer(_, LayerRole::K) => Some(c.num_key_value_heads),
+            _ => None,
+        };
+        if let Some(heads) = heads {
+            values = llama_permute(&values, t.dims[0], heads);
+        }
+        let (ty, bytes) = if t.dims.len() == 2 {
+            match format {
+                BlockFormat::Q8_0 => (Q8_0_TYPE, quantize_q8_0(&values)),
+                BlockFormat::Q4_0 => (Q4_0_TYPE, quantize_q4_0(&values)),
+                BlockFormat::Q4_1 => (Q4_1_TYPE, quantize_q4_1(&values)),
+            }
+        } else {
+            (
+                F32_TYPE,
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        };
+        w.tensor(&role.gguf_name(), &t.dims, ty, bytes);
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(format!("tiny-{format}.gguf"));
+    std::fs::write(&path, w.finish()).unwrap();
+    path
+}
+
+fn export_tiny(gguf: &Path, name: &str, keep_quantized: bool) -> PathBuf {
+    let out = scratch(name);
+    let options = ExportOptions {
+        dtype: Dtype::F32,
+        kv_dtype: None,
+        // Decode batches 1, 2, 4 and prefill chunks of 16: every entry has a cpu variant.
+        ladder: LadderOptions::full_pool(4, 128, 16, vec![16]),
+        force: false,
+        cpu_variant: keep_quantized,
+        keep_quantized,
+    };
+    export(gguf, &out, &options, &mut |_| {})
+        .unwrap_or_else(|e| panic!("exporting {}: {e}", gguf.display()));
+    out
+}
+
+fn load(dir: &Path, plugin: &Path, kernels: KernelChoice, cache: &Path) -> EngineHandle {
+    Engine::load_with_options(
+        dir,
+        LoadOptions {
+            plugin: PluginRequest::Path(plugin.to_owned()),
+            compile: CompileMode::Lazy,
+            compile_cache: Some(cache.to_owned()),
+            kernels,
+            ..LoadOptions::default()
+        },
+        EngineOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("loading {} on {}: {e}", dir.display(), plugin.display()))
+}
+
+/// The same ids up to the first step whose top two are too close for float order, and
+/// logprobs (chosen and top two) within [`LOGPROB_REL_TOL`].
+fn assert_same_run(want: &GenerateResult, got: &GenerateResult, what: &str) {
+    let comparable = want
+        .top_logprobs
+        .iter()
+        .position(|top| top.len() < 2 || top[0].1 - top[1].1 < 1e-3)
+        .unwrap_or(want.token_ids.len());
+    assert!(comparable > 0, "{what}: no step to compare");
+    assert_eq!(
+        got.token_ids[..comparable],
+        want.token_ids[..comparable],
+        "{what}"
+    );
+    let close = |w: f32, g: f32| (w - g).abs() <= LOGPROB_REL_TOL * w.abs().max(1.0);
+    for k in 0..comparable {
+        let (w, g) = (want.logprobs[k].unwrap(), got.logprobs[k].unwrap());
+        assert!(close(w, g), "{what}: step {k} logprob {g} vs {w}");
+        for ((wt, wl), (gt, gl)) in want.top_logprobs[k].iter().zip(&got.top_logprobs[k]) {
+            assert_eq!(wt, gt, "{what}: step {k} top tokens");
+            assert!(close(*wl, *gl), "{what}: step {k} top logprob {gl} vs {wl}");
+        }
+    }
+}
+
+#[test]
+fn q8_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    check_kept_quantized(BlockFormat::Q8_0, CPU_MATMUL_Q8_0);
+}
+
+/// Q4_0 has no kernel: its `cpu` variant dequantizes in the graph and calls the dense one.
+#[test]
+fn q4_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    check_kept_quantized(BlockFormat::Q4_0, CPU_MATMUL);
+}
+
+/// Q4_1 likewise (its `d * code + m` rounds once in f32, as the dense export's does).
+#[test]
+fn q4_1_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    check_kept_quantized(BlockFormat::Q4_1, CPU_MATMUL);
+}
+
+fn check_kept_quantized(format: BlockFormat, kernel: &str) {
+    let gguf = tiny_gguf(&scratch(&format!("{format}-gguf")), format);
+    let dense = export_tiny(&gguf, &format!("{format}-dense"), false);
+    let kept = export_tiny(&gguf, &format!("{format}-kept"), true);
+
+    // The manifest: every matrix names its format, keeps its logical dims and stores 34 (Q8_0),
+    // 18 (Q4_0) or 20 (Q4_1) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
+    // weights bit for bit.
+    let dense_artifact = Artifact::open(&dense).unwrap();
+    let kept_artifact = Artifact::open(&kept).unwrap();
+    let (dm, km) = (dense_artifact.manifest(), kept_artifact.manifest());
+    assert_eq!(dm.weights.len(), km.weights.len());
+    let mut blocked = 0;
+    for (d, k) in dm.weights.iter().zip(&km.weights) {
+        assert_eq!((&d.slot, &d.dims), (&k.slot, &k.dims));
+        let want: Vec<f32> = dense_artifact
+            .weight_bytes(&d.slot)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let bytes = kept_artifact.weight_bytes(&k.slot).unwrap();
+        if k.dims.len() == 2 && !k.slot.starts_with("rope.") {
+            blocked += 1;
+            assert_eq!(k.block_format, Some(format), "{}", k.slot);
+            assert_eq!(k.dtype, Dtype::U8, "{}", k.slot);
+            let elements: usize = k.dims.iter().product();
+            let (block_bytes, got) = match format {
+                BlockFormat::Q8_0 => (34, dequantize_q8_0(&bytes)),
+                BlockFormat::Q4_0 => (18, dequantize_q4_0(&bytes)),
+                BlockFormat::Q4_1 => (20, dequantize_q4_1(&bytes)),
+            };
+            assert_eq!(
+                k.byte_length as usize,
+                elements / 32 * block_bytes,
+                "{}",
+                k.slot
+            );
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(g, w)| g.to_bits() != w.to_bits())
+                .count();
+            assert_eq!(got.len(), want.len(), "{}", k.slot);
+            assert_eq!(differ, 0, "{}: dequantized blocks differ", k.slot);
+        } else {
+            assert_eq!(k.block_format, None, "{}", k.slot);
+            assert_eq!(bytes, dense_artifact.weight_bytes(&d.slot).unwrap());
+        }
+    }
+    // Embedding, LM head and four projections per layer.
+    assert_eq!(blocked, 2 + 4 * km.model.num_layers);
+    // The signature's operand is the raw bytes; the variant calls only `kernel`.
+    let qkv = km.weight("layers.0.qkv_proj").unwrap();
+    assert_eq!(
+        qkv.operand().unwrap(),
+        (
+            Dtype::U8,
+            vec![qkv.dims[0], qkv.dims[1] / 32 * format.block_bytes()]
+        )
+    );
+    for entry in &km.entries {
+        assert_eq!(entry.variants.len(), 1, "{}", entry.name);
+        assert_eq!(
+            entry.variants[0].kernels,
+            vec![kernel.to_owned()],
+            "{}",
+            entry.name
+        );
+    }
+
+    let cache = scratch(&format!("{format}-compile-cache"));
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![1, 17, 230, 5, 99],
+        (0..23).map(|i| (i * 37 + 11) % 512).collect(),
+        vec![300],
+    ];
+    for plugin in test_plugin_paths() {
+        let reference = load(&dense, &plugin, KernelChoice::Auto, &cache);
+        let portable = load(&kept, &plugin, KernelChoice::Portable, &cache);
+        let cpu = load(&kept, &plugin, KernelChoice::Auto, &cache);
+        let line = cpu
+            .load_timings()
+            .and_then(|t| t.bodies.clone())
+            .expect("an artifact with variants has a bodies line");
+        assert!(
+            line.contains(&format!("variant cpu for {}", km.entries.len())),
+            "{}: {line}",
+            plugin.display()
+        );
+        for (i, prompt) in prompts.iter().enumerate() {
+            let request = GenerateRequest {
+                logprobs: Some(2),
+                ignore_eos: true,
+                ..GenerateRequest::greedy(prompt.clone(), 12)
+            };
+            let want = reference.generate_blocking(request.clone()).unwrap();
+            for (engine, body) in [(&portable, "portable"), (&cpu, "cpu")] {
+                let got = engine.generate_blocking(request.clone()).unwrap();
+                assert_same_run(
+                    &want,
+                    &got,
+                    &format!("prompt {i}, {body} body on {}", plugin.display()),
+                );
+            }
+        }
+    }
+}
