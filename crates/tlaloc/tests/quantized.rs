@@ -470,3 +470,82 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
         }
     }
 }
+
+fn goldens(model: &str) -> serde_json::Value {
+    let path = workspace_root()
+        .join("tests/data/goldens")
+        .join(format!("{model}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run `bash scripts/oracle/regenerate.sh`",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(value: &serde_json::Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not an id list: {value}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The real SmolLM2 Q4_1 GGUF exported with its Q4_1 (and any Q8_0) matrices kept as blocks:
+/// on every plugin, the portable body and the `cpu` variant give transformers' greedy ids for
+/// the first two golden cases (up
+/// to the first golden step whose top-2 margin is under 1e-3, where float order may pick the
+/// other token).
+#[test]
+fn smollm2_with_its_q4_1_blocks_kept_reproduces_the_transformers_goldens() {
+    let gguf = workspace_root().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run `bash scripts/setup.sh`",
+        gguf.display()
+    );
+    let dir = export_tiny(&gguf, "smollm2-kept", true);
+    let manifest = Artifact::open(&dir).unwrap().manifest().clone();
+    let blocked = manifest
+        .weights
+        .iter()
+        .filter(|w| w.block_format.is_some())
+        .count();
+    assert!(
+        blocked >= 4 * manifest.model.num_layers,
+        "only {blocked} weights kept as blocks"
+    );
+    let golden = goldens("SmolLM2-135M-Instruct");
+    let cache = scratch("smollm2-kept-compile-cache");
+    for plugin in test_plugin_paths() {
+        for choice in [KernelChoice::Portable, KernelChoice::Auto] {
+            let engine = load(&dir, &plugin, choice, &cache);
+            // Two cases (a short and a chunked prompt): the portable body dequantizes every
+            // weight each step, which is slow in this test's build.
+            for case in golden["cases"].as_array().unwrap().iter().take(2) {
+                let name = case["name"].as_str().unwrap();
+                let expected = ids(&case["greedy_ids"]);
+                let request = GenerateRequest {
+                    ignore_eos: true,
+                    ..GenerateRequest::greedy(ids(&case["prompt_ids"]), expected.len())
+                };
+                let got = engine.generate_blocking(request).unwrap();
+                let n = case["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .position(|s| s["margin"].as_f64().unwrap() < 1e-3)
+                    .unwrap_or(usize::MAX)
+                    .min(expected.len());
+                assert_eq!(
+                    got.token_ids[..n],
+                    expected[..n],
+                    "{name}, {choice:?} on {}",
+                    plugin.display()
+                );
+            }
+        }
+    }
+}
