@@ -40,7 +40,9 @@
 //! i8 codes, both widened to f32 and multiplied (exact), reshaped to `[out, in]` and converted
 //! to the matrix dtype, so `linear` runs unchanged after it; the embedding is gathered as
 //! bytes and only the gathered rows are dequantized. The `cpu` variant's `linear` passes the
-//! blocks as they are to `tlaloc.cpu.matmul_q8_0`. A Q4_0 matrix (`u8 [out, in / 32 * 18]`)
+//! blocks as they are to `tlaloc.cpu.matmul_q8_0` in an f32 export (in a bf16 one, whose
+//! portable body rounds the dequantized weights to bf16, it dequantizes as the portable body
+//! does and calls the dense kernel). A Q4_0 matrix (`u8 [out, in / 32 * 18]`)
 //! is dequantized the same way, its codes the low then the high nibbles of its 16 code bytes
 //! minus 8; a Q4_1 matrix (`[out, in / 32 * 20]`) likewise, each code times `d` plus `m`. With
 //! no Q4 kernel, the `cpu` variant dequantizes those and calls the dense one.
@@ -512,9 +514,12 @@ impl Graph {
         };
         let out = self.dims(self.operand(slot)?)?[0];
         let cpu_kernel = self.kind == BodyKind::Cpu && n <= kernels::CPU_VARIANT_MAX_ROWS;
-        let y = if cpu_kernel && block == Some(BlockFormat::Q8_0) {
-            // The kernel takes the raw blocks; x is f32 (rounded to the matrix dtype above,
-            // as the portable body's dot takes it).
+        // The Q8_0 kernel multiplies by the exact `d * q`; a bf16 portable body rounds the
+        // dequantized weights to bf16 first, so there the variant dequantizes as the portable
+        // body does and calls the dense kernel (the same function, not a more exact one).
+        let y = if cpu_kernel && block == Some(BlockFormat::Q8_0) && self.matrix == ScalarType::F32
+        {
+            // The kernel takes the raw blocks; x is f32, as the portable body's dot takes it.
             let x = self.in_dtype(x, ScalarType::F32)?;
             let w = self.operand(slot)?;
             self.f
