@@ -9,11 +9,14 @@
 //! arithmetic differs from the portable body's (summation order), the variant is tested
 //! against the portable body within the tolerance of the dtype.
 
+use crate::quant::BlockFormat;
+
 /// Variant names: what `--kernels` and the load log call the portable body.
 pub const PORTABLE: &str = "portable";
 
 /// The CPU variant: the portable body with its matrix multiplications of few rows replaced by
-/// [`CPU_MATMUL`] calls ([`CPU_MATMUL_Q8_0`] for Q8_0 weights).
+/// [`CPU_MATMUL`] calls (for block-quantized weights of an f32 export, the call
+/// [`cpu_matmul_blocks`] names).
 pub const CPU_VARIANT: &str = "cpu";
 
 /// The platform name of the CPU plugins' clients.
@@ -34,9 +37,37 @@ pub const CPU_MATMUL: &str = "tlaloc.cpu.matmul";
 /// differs from the portable body, which dequantizes the blocks to f32 in the graph.
 pub const CPU_MATMUL_Q8_0: &str = "tlaloc.cpu.matmul_q8_0";
 
+/// [`CPU_MATMUL_Q8_0`]'s contract for a Q4_0 weight: operand 1 `w [O, K / 32 * 18]` u8
+/// ([`crate::quant::BlockFormat::Q4_0`]'s layout). Each weight `d * (code - 8)` is exact in f32.
+pub const CPU_MATMUL_Q4_0: &str = "tlaloc.cpu.matmul_q4_0";
+
+/// [`CPU_MATMUL_Q8_0`]'s contract for a Q4_1 weight: operand 1 `w [O, K / 32 * 20]` u8
+/// ([`crate::quant::BlockFormat::Q4_1`]'s layout). Each weight is `d * code + m` rounded once to
+/// f32, the value the portable body's dequantized matrix holds.
+pub const CPU_MATMUL_Q4_1: &str = "tlaloc.cpu.matmul_q4_1";
+
+/// [`CPU_MATMUL_Q8_0`]'s contract for a Q5_0 weight: operand 1 `w [O, K / 32 * 22]` u8
+/// ([`crate::quant::BlockFormat::Q5_0`]'s layout). Each weight `d * (code - 16)` is exact in f32.
+pub const CPU_MATMUL_Q5_0: &str = "tlaloc.cpu.matmul_q5_0";
+
+/// The kernel that multiplies by a weight stored as `format`'s raw blocks.
+pub const fn cpu_matmul_blocks(format: BlockFormat) -> &'static str {
+    match format {
+        BlockFormat::Q8_0 => CPU_MATMUL_Q8_0,
+        BlockFormat::Q4_0 => CPU_MATMUL_Q4_0,
+        BlockFormat::Q4_1 => CPU_MATMUL_Q4_1,
+        BlockFormat::Q5_0 => CPU_MATMUL_Q5_0,
+    }
+}
+
 /// Every kernel a variant may call, with the platform it runs on.
-pub const KERNELS: [(&str, &str); 2] =
-    [(CPU_MATMUL, CPU_PLATFORM), (CPU_MATMUL_Q8_0, CPU_PLATFORM)];
+pub const KERNELS: [(&str, &str); 5] = [
+    (CPU_MATMUL, CPU_PLATFORM),
+    (CPU_MATMUL_Q8_0, CPU_PLATFORM),
+    (CPU_MATMUL_Q4_0, CPU_PLATFORM),
+    (CPU_MATMUL_Q4_1, CPU_PLATFORM),
+    (CPU_MATMUL_Q5_0, CPU_PLATFORM),
+];
 
 /// The most rows (`B * T` of an entry) for which the CPU variant replaces a matrix
 /// multiplication by [`CPU_MATMUL`]: the kernel streams each weight once for all rows, which
@@ -76,6 +107,15 @@ mod tests {
         for bad in ["", PORTABLE, "Cpu", "1cpu", "cpu variant", "cpu_1"] {
             let err = check_variant_name(bad).unwrap_err();
             assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn every_block_format_has_a_listed_kernel() {
+        for format in BlockFormat::ALL {
+            let target = cpu_matmul_blocks(format);
+            assert!(target.ends_with(format.name()), "{target} for {format}");
+            assert!(KERNELS.contains(&(target, CPU_PLATFORM)), "{target}");
         }
     }
 

@@ -36,6 +36,12 @@ pub enum BlockFormat {
     /// exact in f32, the sum rounded once).
     #[serde(rename = "q4_1")]
     Q4_1,
+    /// llama.cpp's `Q5_0`: blocks of 32 elements in 22 bytes, a little-endian IEEE f16 scale
+    /// `d`, a little-endian u32 `qh` of high bits, then 16 bytes `qs` as Q4_0's; the code of
+    /// element `e` is its nibble (as Q4_0's) with bit `e` of `qh` as bit 4, and the element is
+    /// `d * (code - 16)` (exact in f32).
+    #[serde(rename = "q5_0")]
+    Q5_0,
 }
 
 /// Bytes of the f16 scale at the start of a block (each of `d` and `m` in Q4_1).
@@ -47,9 +53,20 @@ pub const Q8_0_SCALE_BYTES: usize = SCALE_BYTES;
 /// What Q4_0 subtracts from each 4-bit code.
 pub const Q4_0_CODE_OFFSET: i32 = 8;
 
+/// What Q5_0 subtracts from each 5-bit code.
+pub const Q5_0_CODE_OFFSET: i32 = 16;
+
+/// Bytes of Q5_0's `qh`, the high bits of its 32 codes.
+pub const Q5_0_HIGH_BITS_BYTES: usize = 4;
+
 impl BlockFormat {
     /// Every format, in a stable order.
-    pub const ALL: [BlockFormat; 3] = [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1];
+    pub const ALL: [BlockFormat; 4] = [
+        BlockFormat::Q8_0,
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+    ];
 
     /// The name the manifest and error messages use (`"q8_0"`).
     pub const fn name(self) -> &'static str {
@@ -57,13 +74,14 @@ impl BlockFormat {
             BlockFormat::Q8_0 => "q8_0",
             BlockFormat::Q4_0 => "q4_0",
             BlockFormat::Q4_1 => "q4_1",
+            BlockFormat::Q5_0 => "q5_0",
         }
     }
 
     /// Elements per block (along the input dimension).
     pub const fn block_elements(self) -> usize {
         match self {
-            BlockFormat::Q8_0 | BlockFormat::Q4_0 | BlockFormat::Q4_1 => 32,
+            BlockFormat::Q8_0 | BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0 => 32,
         }
     }
 
@@ -73,6 +91,7 @@ impl BlockFormat {
             BlockFormat::Q8_0 => 34,
             BlockFormat::Q4_0 => 18,
             BlockFormat::Q4_1 => 20,
+            BlockFormat::Q5_0 => 22,
         }
     }
 
@@ -138,6 +157,12 @@ mod tests {
         let q = BlockFormat::Q4_1;
         assert_eq!(q.operand_dims(&[3, 64]).unwrap(), vec![3, 40]);
         assert_eq!(2 * SCALE_BYTES + q.block_elements() / 2, q.block_bytes());
+        let q = BlockFormat::Q5_0;
+        assert_eq!(q.operand_dims(&[3, 64]).unwrap(), vec![3, 44]);
+        assert_eq!(
+            SCALE_BYTES + Q5_0_HIGH_BITS_BYTES + q.block_elements() / 2,
+            q.block_bytes()
+        );
     }
 
     #[test]

@@ -45,10 +45,10 @@ pub struct ExportOptions {
     /// `cpu` body variant whose matrix multiplications call the runtime's host kernel
     /// ([`tlaloc_artifact::kernels::CPU_MATMUL`]) instead of XLA's.
     pub cpu_variant: bool,
-    /// Store each matrix weight whose every source tensor is Q8_0 (or every one Q4_0, or Q4_1) in a
+    /// Store each matrix weight whose every source tensor is Q8_0 (or every one Q4_0, Q4_1 or Q5_0) in a
     /// GGUF checkpoint as its raw blocks (`tlaloc_artifact::quant`), dequantized in the graph
-    /// (Q8_0 blocks are passed as they are to [`tlaloc_artifact::kernels::CPU_MATMUL_Q8_0`]
-    /// by the `cpu` variant) rather than at export. Every other weight is stored as without
+    /// (in an f32 export the `cpu` variant passes the blocks as they are to the kernel
+    /// [`tlaloc_artifact::kernels::cpu_matmul_blocks`] names) rather than at export. Every other weight is stored as without
     /// it.
     pub keep_quantized: bool,
 }
@@ -332,7 +332,7 @@ pub fn export_checkpoint(
 }
 
 /// Marks every matrix slot of `plan` whose source tensors are all stored in one block format
-/// the graph reads (Q8_0, Q4_0, Q4_1) to be written as those blocks; refuses by name one the format
+/// the graph reads (Q8_0, Q4_0, Q4_1, Q5_0) to be written as those blocks; refuses by name one the format
 /// cannot store.
 fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), ExportError> {
     use crate::gguf::GgmlType;
@@ -340,6 +340,7 @@ fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), Exp
         (GgmlType::Q8_0.name(), BlockFormat::Q8_0),
         (GgmlType::Q4_0.name(), BlockFormat::Q4_0),
         (GgmlType::Q4_1.name(), BlockFormat::Q4_1),
+        (GgmlType::Q5_0.name(), BlockFormat::Q5_0),
     ];
     for slot in &mut plan.slots {
         let SlotSource::Rows(roles) = &slot.source else {

@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p tlaloc-kernels --example matmul_bandwidth [-- --quick] [-- --dtype bf16]`
 //!
-//! `--quick` measures f32 only; `--dtype` one of `f32`, `bf16`, `q8_0`.
+//! `--quick` measures f32 only; `--dtype` one of `f32`, `bf16`, `q8_0`, `q4_0`, `q4_1`.
 //!
 //! Each shape is measured cold: enough copies of the matrix are cycled through (at least 256 MiB)
 //! that every call streams its weights from memory, not from cache, as a decode step does. GB/s
@@ -42,6 +42,8 @@ enum Dtype {
     F32,
     Bf16,
     Q8_0,
+    Q4_0,
+    Q4_1,
 }
 
 impl Dtype {
@@ -50,6 +52,8 @@ impl Dtype {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
             Dtype::Q8_0 => "q8_0",
+            Dtype::Q4_0 => "q4_0",
+            Dtype::Q4_1 => "q4_1",
         }
     }
 
@@ -58,6 +62,8 @@ impl Dtype {
             Dtype::F32 => out * inner * 4,
             Dtype::Bf16 => out * inner * 2,
             Dtype::Q8_0 => out * inner / 32 * 34,
+            Dtype::Q4_0 => out * inner / 32 * 18,
+            Dtype::Q4_1 => out * inner / 32 * 20,
         }
     }
 }
@@ -67,6 +73,8 @@ enum Store {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
     Q8_0(Vec<u8>),
+    Q4_0(Vec<u8>),
+    Q4_1(Vec<u8>),
 }
 
 impl Store {
@@ -75,6 +83,8 @@ impl Store {
             Store::F32(v) => Matrix::F32(v),
             Store::Bf16(v) => Matrix::Bf16(v),
             Store::Q8_0(v) => Matrix::Q8_0(v),
+            Store::Q4_0(v) => Matrix::Q4_0(v),
+            Store::Q4_1(v) => Matrix::Q4_1(v),
         }
     }
 }
@@ -110,6 +120,21 @@ impl Fill {
                     v.extend((0..32).map(|_| self.next() as u8));
                 }
                 Store::Q8_0(v)
+            }
+            Dtype::Q4_0 | Dtype::Q4_1 => {
+                let mut v = Vec::with_capacity(dtype.bytes(out, inner));
+                for _ in 0..n / 32 {
+                    v.extend_from_slice(&0x1c00u16.to_le_bytes()); // d = 2^-8
+                    if dtype == Dtype::Q4_1 {
+                        v.extend_from_slice(&0xa000u16.to_le_bytes()); // m = -2^-7
+                    }
+                    v.extend((0..16).map(|_| self.next() as u8));
+                }
+                if dtype == Dtype::Q4_0 {
+                    Store::Q4_0(v)
+                } else {
+                    Store::Q4_1(v)
+                }
             }
         }
     }
@@ -200,13 +225,22 @@ fn main() {
         .iter()
         .position(|a| a == "--dtype")
         .and_then(|i| args.get(i + 1));
-    let all = [Dtype::F32, Dtype::Bf16, Dtype::Q8_0];
+    let all = [
+        Dtype::F32,
+        Dtype::Bf16,
+        Dtype::Q8_0,
+        Dtype::Q4_0,
+        Dtype::Q4_1,
+    ];
     let dtypes: Vec<Dtype> = match only {
         Some(name) => all.into_iter().filter(|d| d.name() == name).collect(),
         None if quick => vec![Dtype::F32],
         None => all.to_vec(),
     };
-    assert!(!dtypes.is_empty(), "--dtype takes f32, bf16 or q8_0");
+    assert!(
+        !dtypes.is_empty(),
+        "--dtype takes f32, bf16, q8_0, q4_0 or q4_1"
+    );
     let mut fill = Fill(0x9e37_79b9_7f4a_7c15);
 
     let buf: Vec<f32> = (0..COLD_BYTES / 4).map(|i| (i % 3) as f32).collect();

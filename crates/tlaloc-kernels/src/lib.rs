@@ -1,5 +1,5 @@
 //! Host matmul kernels for the CPU serving path: `y = x · wᵀ` with the weight matrix as stored in the
-//! artifact (`[out, inner]`, row-major; f32, bf16 or GGUF Q8_0).
+//! artifact (`[out, inner]`, row-major; f32, bf16, or the GGUF blocks Q8_0, Q4_0, Q4_1 and Q5_0).
 //!
 //! Decode multiplies a handful of activation rows by every weight matrix once per step, so the work is
 //! bound by memory bandwidth, not arithmetic. The design decision that follows: each weight row is
@@ -26,6 +26,18 @@ pub enum Matrix<'a> {
     /// GGUF Q8_0 blocks: each row is `inner / 32` blocks of 34 bytes, a little-endian f16 scale `d`
     /// followed by 32 `i8` codes; element value = `d * code`. Needs `inner % 32 == 0`.
     Q8_0(&'a [u8]),
+    /// GGUF Q4_0 blocks: each row is `inner / 32` blocks of 18 bytes, a little-endian f16 scale `d`
+    /// followed by 16 bytes of two 4-bit codes each; element `j < 16` of a block is
+    /// `d * ((byte[j] & 0xF) - 8)` and element `j + 16` is `d * ((byte[j] >> 4) - 8)`.
+    Q4_0(&'a [u8]),
+    /// GGUF Q4_1 blocks: each row is `inner / 32` blocks of 20 bytes, little-endian f16 `d` and `m`
+    /// followed by 16 bytes of codes as in Q4_0; element value = `d * code + m` (no offset), the
+    /// product exact in f32 and the sum rounded once.
+    Q4_1(&'a [u8]),
+    /// GGUF Q5_0 blocks: each row is `inner / 32` blocks of 22 bytes, a little-endian f16 scale `d`,
+    /// a little-endian u32 `qh`, then 16 code bytes as in Q4_0; the code of element `e` is its
+    /// nibble with bit `e` of `qh` as bit 4, and the element is `d * (code - 16)`.
+    Q5_0(&'a [u8]),
 }
 
 impl Matrix<'_> {
@@ -34,15 +46,38 @@ impl Matrix<'_> {
             Matrix::F32(_) => "f32",
             Matrix::Bf16(_) => "bf16",
             Matrix::Q8_0(_) => "Q8_0",
+            Matrix::Q4_0(_) => "Q4_0",
+            Matrix::Q4_1(_) => "Q4_1",
+            Matrix::Q5_0(_) => "Q5_0",
         }
     }
 
-    /// Number of storage units in the slice (elements, or bytes for Q8_0).
+    /// `(elements, bytes)` per block for the block formats, `None` for dense matrices.
+    fn block_layout(&self) -> Option<(usize, usize)> {
+        match self {
+            Matrix::F32(_) | Matrix::Bf16(_) => None,
+            Matrix::Q8_0(_) => Some((Q8_0_BLOCK_ELEMS, Q8_0_BLOCK_BYTES)),
+            Matrix::Q4_0(_) => Some((Q4_BLOCK_ELEMS, Q4_0_BLOCK_BYTES)),
+            Matrix::Q4_1(_) => Some((Q4_BLOCK_ELEMS, Q4_1_BLOCK_BYTES)),
+            Matrix::Q5_0(_) => Some((Q4_BLOCK_ELEMS, Q5_0_BLOCK_BYTES)),
+        }
+    }
+
+    /// Number of storage units in the slice (elements, or bytes for the block formats).
     fn len(&self) -> usize {
         match self {
             Matrix::F32(s) => s.len(),
             Matrix::Bf16(s) => s.len(),
-            Matrix::Q8_0(s) => s.len(),
+            Matrix::Q8_0(s) | Matrix::Q4_0(s) | Matrix::Q4_1(s) | Matrix::Q5_0(s) => s.len(),
+        }
+    }
+
+    /// Bytes of one weight row of `inner` elements (`inner` whole blocks for the block formats).
+    fn row_bytes(&self, inner: usize) -> usize {
+        match (self, self.block_layout()) {
+            (Matrix::F32(_), _) => inner * 4,
+            (_, None) => inner * 2,
+            (_, Some((elems, bytes))) => inner / elems * bytes,
         }
     }
 }
@@ -51,6 +86,14 @@ impl Matrix<'_> {
 pub const Q8_0_BLOCK_ELEMS: usize = 32;
 /// Bytes per Q8_0 block: an f16 scale and 32 `i8` codes.
 pub const Q8_0_BLOCK_BYTES: usize = 34;
+/// Elements per Q4_0, Q4_1 and Q5_0 block.
+pub const Q4_BLOCK_ELEMS: usize = 32;
+/// Bytes per Q4_0 block: an f16 scale and 16 bytes of 4-bit codes.
+pub const Q4_0_BLOCK_BYTES: usize = 18;
+/// Bytes per Q4_1 block: f16 scale and minimum, and 16 bytes of 4-bit codes.
+pub const Q4_1_BLOCK_BYTES: usize = 20;
+/// Bytes per Q5_0 block: an f16 scale, 4 bytes of high bits and 16 bytes of 4-bit codes.
+pub const Q5_0_BLOCK_BYTES: usize = 22;
 
 /// Why a kernel call was refused.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
@@ -81,9 +124,15 @@ pub enum KernelError {
         /// The shape it was given.
         shape: String,
     },
-    /// Q8_0 weights whose rows are not whole blocks.
-    #[error("matmul_xwt: Q8_0 weights need inner to be a multiple of 32, got inner = {inner}")]
-    Q8_0InnerNotBlockMultiple {
+    /// Block-quantized weights whose rows are not whole blocks.
+    #[error(
+        "matmul_xwt: {format} weights need inner to be a multiple of {block_elements}, got inner = {inner}"
+    )]
+    InnerNotBlockMultiple {
+        /// `Q8_0`, `Q4_0`, `Q4_1` or `Q5_0`.
+        format: &'static str,
+        /// Elements per block of the format.
+        block_elements: usize,
         /// The inner length given.
         inner: usize,
     },
@@ -93,11 +142,13 @@ pub enum KernelError {
 /// `y` is `[rows, out]` f32 and is overwritten. Runs on the current rayon pool (all cores by default;
 /// call inside `ThreadPool::install` to choose).
 ///
-/// Accumulation is in f32; bf16 and Q8_0 weights are widened to f32 inside the loop (exactly: every
-/// bf16 and every Q8_0 `d * code` is an f32). Each output's error is within `γ_inner · Σ_k |x w|`
-/// (`γ_n = n·u / (1 - n·u)`, `u = 2^-24`), and its bits do not depend on the thread count.
-/// Matrices under 128 KiB run on the calling thread. Allocates per call: the transposed output for
-/// `rows > 1`, and a permuted copy of `x` for bf16 and Q8_0 (both `rows * inner` or smaller).
+/// Accumulation is in f32; bf16 and block weights are widened to f32 inside the loop (exactly: every
+/// bf16, every Q8_0, Q4_0 and Q5_0 `d * code` is an f32; a Q4_1 weight is `d * code + m` rounded once to
+/// f32, as the dequantized matrix holds it). Each output's error is within `γ_inner · Σ_k |x w|`
+/// (`γ_n = n·u / (1 - n·u)`, `u = 2^-24`, `w` the f32 weight), and its bits do not depend on the
+/// thread count. Matrices under 128 KiB run on the calling thread. Allocates per call: the
+/// transposed output for `rows > 1`, and a permuted copy of `x` for bf16 and the block formats
+/// (both `rows * inner` or smaller).
 pub fn matmul_xwt(
     x: &[f32],
     rows: usize,
@@ -109,15 +160,19 @@ pub fn matmul_xwt(
     check_len("x", "f32", x.len(), &[("rows", rows), ("inner", inner)], 1)?;
     check_len("y", "f32", y.len(), &[("rows", rows), ("out", out)], 1)?;
     let w_dims = [("out", out), ("inner", inner)];
-    match w {
-        Matrix::F32(_) | Matrix::Bf16(_) => check_len("w", w.dtype(), w.len(), &w_dims, 1)?,
-        Matrix::Q8_0(_) => {
-            if inner % Q8_0_BLOCK_ELEMS != 0 {
-                return Err(KernelError::Q8_0InnerNotBlockMultiple { inner });
+    match w.block_layout() {
+        None => check_len("w", w.dtype(), w.len(), &w_dims, 1)?,
+        Some((elems, bytes)) => {
+            if inner % elems != 0 {
+                return Err(KernelError::InnerNotBlockMultiple {
+                    format: w.dtype(),
+                    block_elements: elems,
+                    inner,
+                });
             }
-            // Bytes = out * inner * 34 / 32, exact because inner is whole blocks.
-            let blocks_dims = [("out", out), ("inner/32", inner / Q8_0_BLOCK_ELEMS)];
-            check_len("w", "Q8_0", w.len(), &blocks_dims, Q8_0_BLOCK_BYTES)?;
+            // Bytes = out * (inner / 32) * block bytes, exact because inner is whole blocks.
+            let blocks_dims = [("out", out), ("inner/32", inner / elems)];
+            check_len("w", w.dtype(), w.len(), &blocks_dims, bytes)?;
         }
     }
     if rows == 0 || out == 0 {
@@ -129,12 +184,7 @@ pub fn matmul_xwt(
     }
 
     let acts = simd::Activations::new(x, rows, inner, &w);
-    let row_bytes = match w {
-        Matrix::F32(_) => inner * 4,
-        Matrix::Bf16(_) => inner * 2,
-        Matrix::Q8_0(_) => inner / Q8_0_BLOCK_ELEMS * Q8_0_BLOCK_BYTES,
-    };
-    let plan = Plan::new(out, row_bytes);
+    let plan = Plan::new(out, w.row_bytes(inner));
 
     if rows == 1 {
         // y [1, out] is already laid out as the transposed [out, 1] buffer.

@@ -23,12 +23,26 @@
 //! the mantissa of 2^23 (`| 0x4b00_0000`), is `2^23 + 128 + code` as an f32; subtracting that bias and
 //! multiplying by the block's scale gives the weight `d * code` exactly (8-bit times 11-bit
 //! significands). The activations are permuted once per call to match ([`Activations`]).
+//!
+//! Q4_0, Q4_1 and Q5_0 codes are nibbles, 16 bytes per block: too few to fill an AVX2 vector as bytes.
+//! Each u32 lane is given two code bytes instead (zero-extended from a u16), so the four nibbles of
+//! lane `i` of vector `v` are elements `2(vL + i)`, `16 + 2(vL + i)`, `2(vL + i) + 1` and
+//! `17 + 2(vL + i)` of the block (low nibbles are elements 0..16, high nibbles 16..32). A nibble
+//! placed in the mantissa of 2^23 is `2^23 + code`; subtracting `2^23 + 8` (Q4_0) or `2^23` (Q4_1)
+//! gives the code as an f32, then `d * code` (exact) or `d * code + m` (one rounding, as the
+//! dequantized matrix holds it). The activations are permuted once per call to match. Q5_0 adds a
+//! fifth bit per code from its 32-bit `qh`: a second u32 vector holds `qh >> 2(vL + i)` in lane
+//! `i`, whose bits 0, 16, 1 and 17 are the high bits of the lane's four elements, each moved to
+//! bit 4 and or-ed into its nibble before the conversion (bias `2^23 + 16`).
 
 // The accumulators are small const-size arrays indexed by the same `r`/`i` across several arrays;
 // explicit index loops are what keeps them in registers and readable.
 #![allow(clippy::needless_range_loop)]
 
-use crate::{Matrix, Q8_0_BLOCK_BYTES, Q8_0_BLOCK_ELEMS};
+use crate::{
+    Matrix, Q4_0_BLOCK_BYTES, Q4_1_BLOCK_BYTES, Q4_BLOCK_ELEMS, Q5_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES,
+    Q8_0_BLOCK_ELEMS,
+};
 use pulp::Simd;
 
 /// Software prefetch of weight lines a group of rows ahead, so the memory stream keeps going while a
@@ -79,6 +93,39 @@ pub(crate) struct Activations<'a> {
     q8x: Vec<f32>,
     /// The lane count `q8x` was permuted for (0: not permuted, scalar path).
     q8_lanes: usize,
+    /// For Q4_0, Q4_1 and Q5_0 weights only, when the SIMD path applies: each block permuted so that
+    /// vector `v`, nibble `m` of the codes meets the element it decodes in lane `i` (module doc).
+    q4x: Vec<f32>,
+    /// The lane count `q4x` was permuted for (0: not permuted, scalar path).
+    q4_lanes: usize,
+}
+
+/// The f32 lane count of the SIMD type the dispatcher picks, if the Q4 pair layout fits it: each
+/// lane takes two of a block's 16 code bytes, so the lanes must divide 8.
+struct Q4Lanes;
+
+impl pulp::WithSimd for Q4Lanes {
+    type Output = usize;
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) -> usize {
+        let usable = S::F32_LANES <= Q4_CODE_BYTES / 2 && (Q4_CODE_BYTES / 2) % S::F32_LANES == 0;
+        if usable { S::F32_LANES } else { 0 }
+    }
+}
+
+/// Code bytes per Q4 block.
+const Q4_CODE_BYTES: usize = Q4_BLOCK_ELEMS / 2;
+
+/// The block element that lane `i` of vector `v`, nibble `m` (0..4) decodes, with `lanes` lanes.
+fn q4_element(lanes: usize, v: usize, m: usize, i: usize) -> usize {
+    let byte = 2 * (v * lanes + i);
+    match m {
+        0 => byte,
+        1 => Q4_CODE_BYTES + byte,
+        2 => byte + 1,
+        _ => Q4_CODE_BYTES + byte + 1,
+    }
 }
 
 /// The f32 lane count of the SIMD type the dispatcher picks, and whether Q8_0's byte trick applies
@@ -127,6 +174,21 @@ impl<'a> Activations<'a> {
                 }
             }
         }
+        let (mut q4x, mut q4_lanes) = (Vec::new(), 0);
+        if let Matrix::Q4_0(_) | Matrix::Q4_1(_) | Matrix::Q5_0(_) = w {
+            q4_lanes = pulp::Arch::new().dispatch(Q4Lanes);
+            if q4_lanes > 0 {
+                let l = q4_lanes;
+                q4x.reserve_exact(x.len());
+                for block in x.chunks_exact(Q4_BLOCK_ELEMS) {
+                    for v in 0..Q4_CODE_BYTES / (2 * l) {
+                        for m in 0..4 {
+                            q4x.extend((0..l).map(|i| block[q4_element(l, v, m, i)]));
+                        }
+                    }
+                }
+            }
+        }
         Activations {
             x,
             rows,
@@ -135,6 +197,8 @@ impl<'a> Activations<'a> {
             odd,
             q8x,
             q8_lanes,
+            q4x,
+            q4_lanes,
         }
     }
 
@@ -194,6 +258,24 @@ pub(crate) fn chunk(
                 yt,
             })
         }
+        Matrix::Q4_0(w) => arch.dispatch(Chunk {
+            dot: Q4Dot::new(acts, pf, w, o0, n_out, Nibbles::Q4_0),
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Q4_1(w) => arch.dispatch(Chunk {
+            dot: Q4Dot::new(acts, pf, w, o0, n_out, Nibbles::Q4_1),
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Q5_0(w) => arch.dispatch(Chunk {
+            dot: Q4Dot::new(acts, pf, w, o0, n_out, Nibbles::Q5_0),
+            n_out,
+            tile,
+            yt,
+        }),
     }
 }
 
@@ -646,6 +728,243 @@ impl Dot for Q8Dot<'_> {
     }
 }
 
+/// The nibble-coded block formats, which share one inner loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nibbles {
+    /// `d * (code - 8)`.
+    Q4_0,
+    /// `d * code + m`.
+    Q4_1,
+    /// `d * (code - 16)`, the code's bit 4 from `qh`.
+    Q5_0,
+}
+
+impl Nibbles {
+    fn block_bytes(self) -> usize {
+        match self {
+            Nibbles::Q4_0 => Q4_0_BLOCK_BYTES,
+            Nibbles::Q4_1 => Q4_1_BLOCK_BYTES,
+            Nibbles::Q5_0 => Q5_0_BLOCK_BYTES,
+        }
+    }
+
+    /// What is subtracted from each code (Q4_1 adds `m` instead).
+    fn offset(self) -> f32 {
+        match self {
+            Nibbles::Q4_0 => 8.0,
+            Nibbles::Q4_1 => 0.0,
+            Nibbles::Q5_0 => 16.0,
+        }
+    }
+}
+
+struct Q4Dot<'a> {
+    acts: &'a Activations<'a>,
+    pf: Prefetch,
+    /// The chunk's weight rows, blocks of `format`.
+    w: &'a [u8],
+    row_bytes: usize,
+    block_bytes: usize,
+    format: Nibbles,
+}
+
+impl HasActs for Q4Dot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+/// One block's header: scale, minimum (Q4_1; else 0), high bits (Q5_0; else 0), and its 16 code
+/// bytes.
+struct NibbleBlock<'a> {
+    d: f32,
+    m: f32,
+    qh: u32,
+    codes: &'a [u8],
+}
+
+impl<'a> Q4Dot<'a> {
+    fn new(
+        acts: &'a Activations<'a>,
+        pf: Prefetch,
+        w: &'a [u8],
+        o0: usize,
+        n_out: usize,
+        format: Nibbles,
+    ) -> Self {
+        let block_bytes = format.block_bytes();
+        let row_bytes = acts.inner / Q4_BLOCK_ELEMS * block_bytes;
+        Q4Dot {
+            acts,
+            pf,
+            w: &w[o0 * row_bytes..(o0 + n_out) * row_bytes],
+            row_bytes,
+            block_bytes,
+            format,
+        }
+    }
+
+    #[inline(always)]
+    fn block(&self, o: usize, b: usize) -> NibbleBlock<'_> {
+        let blk = &self.w[o * self.row_bytes + b * self.block_bytes..][..self.block_bytes];
+        let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]));
+        NibbleBlock {
+            d: f16(0),
+            m: if self.format == Nibbles::Q4_1 {
+                f16(2)
+            } else {
+                0.0
+            },
+            qh: if self.format == Nibbles::Q5_0 {
+                u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]])
+            } else {
+                0
+            },
+            codes: &blk[self.block_bytes - Q4_CODE_BYTES..],
+        }
+    }
+
+    /// The weight element `e` of a block decodes to, as the dequantized matrix holds it.
+    #[inline(always)]
+    fn weight(&self, blk: &NibbleBlock<'_>, e: usize) -> f32 {
+        let byte = blk.codes[e % Q4_CODE_BYTES];
+        let nibble = if e < Q4_CODE_BYTES {
+            byte & 0xF
+        } else {
+            byte >> 4
+        };
+        let code = f32::from(nibble | ((((blk.qh >> e) & 1) as u8) << 4));
+        match self.format {
+            Nibbles::Q4_1 => blk.d * code + blk.m,
+            _ => blk.d * (code - self.format.offset()),
+        }
+    }
+
+    /// Where the dispatcher's SIMD type cannot hold the pair layout.
+    fn dot_scalar<const R: usize, const W: usize>(&self, r0: usize, o: usize) -> [[f32; W]; R] {
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            let x = self.acts.row(r0 + r);
+            for i in 0..W {
+                let mut s = 0.0f32;
+                for (b, xb) in x.chunks_exact(Q4_BLOCK_ELEMS).enumerate() {
+                    let blk = self.block(o + i, b);
+                    for (e, &xe) in xb.iter().enumerate() {
+                        s += xe * self.weight(&blk, e);
+                    }
+                }
+                res[r][i] = s;
+            }
+        }
+        res
+    }
+}
+
+impl Dot for Q4Dot<'_> {
+    const WIDE_ROWS: bool = true;
+
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+        ahead: usize,
+    ) -> [[f32; W]; R] {
+        let acts = self.acts;
+        let lanes = S::F32_LANES;
+        if acts.q4_lanes != lanes {
+            return self.dot_scalar::<R, W>(r0, o);
+        }
+        let inner = acts.inner;
+        let blocks = inner / Q4_BLOCK_ELEMS;
+        let per_block = Q4_CODE_BYTES / (2 * lanes);
+        let mut xs: [&[S::f32s]; R] = [&[]; R];
+        for r in 0..R {
+            xs[r] = S::as_simd_f32s(&acts.q4x[(r0 + r) * inner..][..inner]).0;
+        }
+        let nibble = simd.splat_u32s(0xF);
+        let bit4 = simd.splat_u32s(0x10);
+        let magic = simd.splat_u32s(0x4b00_0000);
+        let bias = simd.splat_f32s(8_388_608.0 + self.format.offset()); // 2^23 + offset
+        let with_min = self.format == Nibbles::Q4_1;
+        let high_bits = self.format == Nibbles::Q5_0;
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        for b in 0..blocks {
+            for i in 0..W {
+                let blk = self.block(o + i, b);
+                let codes = blk.codes;
+                if b % 3 == 0 {
+                    let ahead = ahead * self.row_bytes;
+                    self.pf.line(codes.as_ptr().wrapping_add(ahead));
+                }
+                let d = simd.splat_f32s(blk.d);
+                let m = simd.splat_f32s(blk.m);
+                let qh = simd.splat_u32s(blk.qh);
+                for v in 0..per_block {
+                    // Lane j: code bytes 2(v·L + j) and the next, zero-extended.
+                    let mut pairs = simd.splat_u32s(0);
+                    let lane: &mut [u32] =
+                        pulp::bytemuck::cast_slice_mut(core::slice::from_mut(&mut pairs));
+                    for (j, p) in lane.iter_mut().enumerate() {
+                        let at = 2 * (v * lanes + j);
+                        *p = u32::from(u16::from_le_bytes([codes[at], codes[at + 1]]));
+                    }
+                    // Lane j: qh >> 2(v·L + j), its bits 0, 16, 1, 17 those of nibbles 0..4.
+                    let mut hi = simd.splat_u32s(0);
+                    if high_bits {
+                        let mut shifts = simd.splat_u32s(0);
+                        let lane: &mut [u32] =
+                            pulp::bytemuck::cast_slice_mut(core::slice::from_mut(&mut shifts));
+                        for (j, s) in lane.iter_mut().enumerate() {
+                            *s = (2 * (v * lanes + j)) as u32;
+                        }
+                        hi = simd.wrapping_dyn_shr_u32s(qh, shifts);
+                    }
+                    for k in 0..4 {
+                        let shifted = simd.wrapping_dyn_shr_u32s(pairs, simd.splat_u32s(4 * k));
+                        let mut u = if k == 3 {
+                            shifted
+                        } else {
+                            simd.and_u32s(shifted, nibble)
+                        };
+                        if high_bits {
+                            // Bit 0, 16, 1 or 17 of `hi` to bit 4.
+                            let h = match k {
+                                0 => simd.wrapping_dyn_shl_u32s(hi, simd.splat_u32s(4)),
+                                1 => simd.wrapping_dyn_shr_u32s(hi, simd.splat_u32s(12)),
+                                2 => simd.wrapping_dyn_shl_u32s(hi, simd.splat_u32s(3)),
+                                _ => simd.wrapping_dyn_shr_u32s(hi, simd.splat_u32s(13)),
+                            };
+                            u = simd.or_u32s(u, simd.and_u32s(h, bit4));
+                        }
+                        let f = simd.transmute_f32s_u32s(simd.or_u32s(u, magic));
+                        let code = simd.sub_f32s(f, bias);
+                        // d * code is exact, so fused or not, Q4_1's weight is rounded once.
+                        let wv = if with_min {
+                            simd.mul_add_e_f32s(code, d, m)
+                        } else {
+                            simd.mul_f32s(code, d)
+                        };
+                        let xi = b * (Q4_BLOCK_ELEMS / lanes) + v * 4 + k as usize;
+                        for r in 0..R {
+                            acc[r][i] = simd.mul_add_e_f32s(xs[r][xi], wv, acc[r][i]);
+                        }
+                    }
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
+            }
+        }
+        res
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The portable path (pulp's scalar type, what a CPU without the vector features gets) against
@@ -693,6 +1012,27 @@ mod tests {
                 yt: &mut yt,
             }
             .with_simd(simd),
+            Matrix::Q4_0(w) => Chunk {
+                dot: Q4Dot::new(acts, pf, w, 0, out, Nibbles::Q4_0),
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Q4_1(w) => Chunk {
+                dot: Q4Dot::new(acts, pf, w, 0, out, Nibbles::Q4_1),
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Q5_0(w) => Chunk {
+                dot: Q4Dot::new(acts, pf, w, 0, out, Nibbles::Q5_0),
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
         }
         yt
     }
@@ -706,7 +1046,36 @@ mod tests {
             let wb: Vec<u16> = wf.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
             let mut wq = Vec::new();
             let mut wq_values = Vec::new();
+            let (mut w40, mut w40_values, mut w41, mut w41_values) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut w50, mut w50_values) = (Vec::new(), Vec::new());
             if inner % 32 == 0 {
+                for blk in 0..out * inner / 32 {
+                    let d: u16 = 0x2400 + blk as u16 * 41;
+                    let m: u16 = 0xa000 + blk as u16 * 13; // negative minimums
+                    let codes: Vec<u8> =
+                        (0..16).map(|j| ((blk * 29 + j * 11) % 256) as u8).collect();
+                    let (df, mf) = (f16_to_f32(d), f16_to_f32(m));
+                    w40.extend_from_slice(&d.to_le_bytes());
+                    w41.extend_from_slice(&d.to_le_bytes());
+                    w41.extend_from_slice(&m.to_le_bytes());
+                    w40.extend_from_slice(&codes);
+                    w41.extend_from_slice(&codes);
+                    let nibbles = codes
+                        .iter()
+                        .map(|c| c & 0xF)
+                        .chain(codes.iter().map(|c| c >> 4));
+                    let qh = (blk as u32).wrapping_mul(0x9e37_79b9);
+                    w50.extend_from_slice(&d.to_le_bytes());
+                    w50.extend_from_slice(&qh.to_le_bytes());
+                    w50.extend_from_slice(&codes);
+                    for (e, q) in nibbles.enumerate() {
+                        w40_values.push(f64::from(df * (f32::from(q) - 8.0)));
+                        w41_values.push(f64::from(df * f32::from(q) + mf));
+                        let q5 = u32::from(q) | ((qh >> e) & 1) << 4;
+                        w50_values.push(f64::from(df * (q5 as f32 - 16.0)));
+                    }
+                }
                 for blk in 0..out * inner / 32 {
                     let d: u16 = 0x2000 + blk as u16 * 37; // normal f16 scales around 2^-7
                     wq.extend_from_slice(&d.to_le_bytes());
@@ -726,6 +1095,9 @@ mod tests {
                         .collect(),
                 )),
                 (inner % 32 == 0).then(|| (Matrix::Q8_0(&wq), wq_values.clone())),
+                (inner % 32 == 0).then(|| (Matrix::Q4_0(&w40), w40_values.clone())),
+                (inner % 32 == 0).then(|| (Matrix::Q4_1(&w41), w41_values.clone())),
+                (inner % 32 == 0).then(|| (Matrix::Q5_0(&w50), w50_values.clone())),
             ]
             .into_iter()
             .flatten()

@@ -1,5 +1,5 @@
-//! `matmul_xwt` against a scalar f64 reference on seeded random inputs, for f32, bf16 and Q8_0
-//! weights, odd shapes (not multiples of any SIMD width), and the shape checks.
+//! `matmul_xwt` against a scalar f64 reference on seeded random inputs, for f32, bf16, Q8_0, Q4_0,
+//! Q4_1 and Q5_0 weights, odd shapes (not multiples of any SIMD width), and the shape checks.
 //!
 //! Error bound. Every f32 input is exact in f64, and the reference sums the exact products in f64
 //! (relative error ~1e-16, negligible here). The kernel forms each product once and adds it into an
@@ -10,7 +10,9 @@
 //! `|y - y_ref| <= γ_n · Σ_k |x_k · w_k|`, with `γ_n = n·u / (1 - n·u)`,
 //!
 //! with `n = inner`: the weights reach the products exactly as f32 (widening bf16 is exact, and a
-//! Q8_0 weight `d * code` has at most 11 + 8 significant bits).
+//! Q8_0, Q4_0 or Q5_0 weight `d * code` has at most 11 + 8 significant bits). A Q4_1 weight is
+//! `d * code + m` rounded once to f32, the value the dequantized matrix holds: the reference takes
+//! that f32 (computed here from the block's definition) as the weight, and the bound is the same.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -146,6 +148,87 @@ fn random_q8_0(rng: &mut StdRng, out: usize, inner: usize) -> (Vec<u8>, Vec<f64>
     (bytes, values)
 }
 
+/// The nibble-coded formats.
+#[derive(Clone, Copy, PartialEq)]
+enum Nibbles {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+}
+
+/// Random Q4_0, Q4_1 or Q5_0 rows and their values (f32, as a dequantized matrix holds them):
+/// scales as in [`random_q8_0`], minimums of either sign, codes over all 16 (32) values.
+fn random_q4(rng: &mut StdRng, out: usize, inner: usize, format: Nibbles) -> (Vec<u8>, Vec<f64>) {
+    let with_min = format == Nibbles::Q4_1;
+    let blocks = out * inner / 32;
+    let mut bytes = Vec::new();
+    let mut values = Vec::with_capacity(out * inner);
+    let f16 = |rng: &mut StdRng| -> u16 {
+        let sign = u16::from(rng.random::<bool>()) << 15;
+        sign | (rng.random_range(7u16..19) << 10) | rng.random_range(0..0x400)
+    };
+    for b in 0..blocks {
+        let d = if b == blocks / 2 {
+            rng.random_range(1..0x400) // subnormal
+        } else {
+            f16(rng)
+        };
+        bytes.extend_from_slice(&d.to_le_bytes());
+        let m = if with_min {
+            let m = f16(rng);
+            bytes.extend_from_slice(&m.to_le_bytes());
+            f16_value(m) as f32
+        } else {
+            0.0
+        };
+        let qh: u32 = if format == Nibbles::Q5_0 {
+            rng.random()
+        } else {
+            0
+        };
+        if format == Nibbles::Q5_0 {
+            bytes.extend_from_slice(&qh.to_le_bytes());
+        }
+        let codes: [u8; 16] = rng.random();
+        bytes.extend_from_slice(&codes);
+        let d = f16_value(d) as f32;
+        let (low, high) = (codes.map(|c| c & 0xF), codes.map(|c| c >> 4));
+        for (e, q) in low.into_iter().chain(high).enumerate() {
+            let q = f32::from(q);
+            let v = match format {
+                Nibbles::Q4_0 => d * (q - 8.0),
+                Nibbles::Q4_1 => d * q + m,
+                Nibbles::Q5_0 => d * (q + 16.0 * ((qh >> e) & 1) as f32 - 16.0),
+            };
+            values.push(f64::from(v));
+        }
+    }
+    (bytes, values)
+}
+
+#[test]
+fn q4_weights_match_reference() {
+    let mut rng = StdRng::seed_from_u64(4);
+    for format in [Nibbles::Q4_0, Nibbles::Q4_1, Nibbles::Q5_0] {
+        for &(inner, out) in &[(32, 1), (32, 7), (96, 5), (576, 13), (1536, 3)] {
+            let (w, w64) = random_q4(&mut rng, out, inner, format);
+            let (name, matrix) = match format {
+                Nibbles::Q4_0 => ("Q4_0", Matrix::Q4_0(&w)),
+                Nibbles::Q4_1 => ("Q4_1", Matrix::Q4_1(&w)),
+                Nibbles::Q5_0 => ("Q5_0", Matrix::Q5_0(&w)),
+            };
+            for &rows in &ROWS {
+                let x = random_f32(&mut rng, rows * inner);
+                let mut y = vec![f32::NAN; rows * out];
+                matmul_xwt(&x, rows, inner, matrix, out, &mut y).unwrap();
+                let (want, mag) = reference(&x, rows, inner, &w64, out);
+                let what = format!("{name} rows={rows} inner={inner} out={out}");
+                assert_close(&what, &y, &want, &mag, inner, out);
+            }
+        }
+    }
+}
+
 #[test]
 fn q8_0_weights_match_reference() {
     let mut rng = StdRng::seed_from_u64(8);
@@ -173,6 +256,9 @@ fn parallel_chunks_match_reference_and_single_thread() {
     let wb: Vec<u16> = wf.iter().map(|&v| bf16_bits(v)).collect();
     let (inner_q, out_q) = (1024, 163);
     let (wq, wq64) = random_q8_0(&mut rng, out_q, inner_q);
+    let (w40, w40_64) = random_q4(&mut rng, out_q, inner_q, Nibbles::Q4_0);
+    let (w41, w41_64) = random_q4(&mut rng, out_q, inner_q, Nibbles::Q4_1);
+    let (w50, w50_64) = random_q4(&mut rng, out_q, inner_q, Nibbles::Q5_0);
     let x = random_f32(&mut rng, rows * inner);
     let xq = random_f32(&mut rng, rows * inner_q);
     let f32_values = wf.iter().map(|&v| f64::from(v)).collect();
@@ -181,6 +267,9 @@ fn parallel_chunks_match_reference_and_single_thread() {
         ("f32", Matrix::F32(&wf), &x, inner, out, f32_values),
         ("bf16", Matrix::Bf16(&wb), &x, inner, out, bf16_values),
         ("Q8_0", Matrix::Q8_0(&wq), &xq, inner_q, out_q, wq64),
+        ("Q4_0", Matrix::Q4_0(&w40), &xq, inner_q, out_q, w40_64),
+        ("Q4_1", Matrix::Q4_1(&w41), &xq, inner_q, out_q, w41_64),
+        ("Q5_0", Matrix::Q5_0(&w50), &xq, inner_q, out_q, w50_64),
     ];
     for (name, w, x, inner, out, w64) in cases {
         let run = |threads: usize| {
@@ -287,8 +376,42 @@ fn shape_mismatches_are_refused_by_operand() {
     assert!(msg.contains("bytes"), "{msg}");
 
     let err = matmul_xwt(&vec![0.0; 66], 2, 33, Matrix::Q8_0(&q), 3, &mut y).unwrap_err();
-    assert_eq!(err, KernelError::Q8_0InnerNotBlockMultiple { inner: 33 });
+    assert_eq!(
+        err,
+        KernelError::InnerNotBlockMultiple {
+            format: "Q8_0",
+            block_elements: 32,
+            inner: 33
+        }
+    );
     assert!(err.to_string().contains("multiple of 32"), "{err}");
+
+    let q4 = vec![0u8; 3 * 20];
+    let (op, want, got, msg) = shape_err(matmul_xwt(
+        &vec![0.0; 64],
+        2,
+        32,
+        Matrix::Q4_1(&q4[..59]),
+        3,
+        &mut y,
+    ));
+    assert_eq!((op, want, got), ("w", 60, 59));
+    assert!(msg.contains("Q4_1"), "{msg}");
+    let (op, want, got, _) = shape_err(matmul_xwt(
+        &vec![0.0; 64],
+        2,
+        32,
+        Matrix::Q4_0(&q4),
+        3,
+        &mut y,
+    ));
+    assert_eq!((op, want, got), ("w", 54, 60));
+    let err = matmul_xwt(&vec![0.0; 96], 2, 48, Matrix::Q4_0(&q4), 3, &mut y).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Q4_0 weights need inner to be a multiple of 32"),
+        "{err}"
+    );
 
     let err = matmul_xwt(&x, usize::MAX, 2, Matrix::F32(&w), out, &mut y).unwrap_err();
     assert!(

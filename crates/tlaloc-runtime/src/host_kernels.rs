@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use tlaloc_artifact::BlockFormat;
-use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_MATMUL_Q8_0};
+use tlaloc_artifact::kernels::{CPU_MATMUL, cpu_matmul_blocks};
 use tlaloc_kernels::Matrix;
 use tlaloc_pjrt::{HostBuffer, HostBufferMut, HostElementType, HostKernel};
 
@@ -15,12 +15,20 @@ use tlaloc_pjrt::{HostBuffer, HostBufferMut, HostElementType, HostKernel};
 /// plugin refuses a second, different kernel under a target it already has).
 pub(crate) fn kernel_for(target: &str) -> Option<Arc<dyn HostKernel>> {
     static MATMUL: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
-    static MATMUL_Q8_0: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
-    match target {
-        CPU_MATMUL => Some(MATMUL.get_or_init(|| Arc::new(CpuMatmul)).clone()),
-        CPU_MATMUL_Q8_0 => Some(MATMUL_Q8_0.get_or_init(|| Arc::new(CpuMatmulQ8_0)).clone()),
-        _ => None,
+    static BLOCKS: [OnceLock<Arc<dyn HostKernel>>; BlockFormat::ALL.len()] =
+        [const { OnceLock::new() }; BlockFormat::ALL.len()];
+    if target == CPU_MATMUL {
+        return Some(MATMUL.get_or_init(|| Arc::new(CpuMatmul)).clone());
     }
+    let i = BlockFormat::ALL
+        .iter()
+        .position(|&f| cpu_matmul_blocks(f) == target)?;
+    let format = BlockFormat::ALL[i];
+    Some(
+        BLOCKS[i]
+            .get_or_init(|| Arc::new(CpuMatmulBlocks { format }))
+            .clone(),
+    )
 }
 
 /// [`CPU_MATMUL`]: `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w f32 or bf16, y f32.
@@ -82,54 +90,62 @@ impl HostKernel for CpuMatmul {
     }
 }
 
-/// [`CPU_MATMUL_Q8_0`]: `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w the raw Q8_0 blocks
-/// `u8 [O, K / 32 * 34]`, y f32.
-struct CpuMatmulQ8_0;
+/// The block kernels (`cpu_matmul_blocks`): `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w the raw
+/// blocks of `format`, `u8 [O, K / 32 * block bytes]`, y f32.
+struct CpuMatmulBlocks {
+    format: BlockFormat,
+}
 
-impl HostKernel for CpuMatmulQ8_0 {
+impl HostKernel for CpuMatmulBlocks {
     fn execute(
         &self,
         args: &[HostBuffer<'_>],
         results: &mut [HostBufferMut<'_>],
     ) -> Result<(), String> {
-        const T: &str = CPU_MATMUL_Q8_0;
+        let format = self.format;
+        let t = cpu_matmul_blocks(format);
         let [x, w] = args else {
             return Err(format!(
-                "{T} takes two operands (x, w), it was given {}",
+                "{t} takes two operands (x, w), it was given {}",
                 args.len()
             ));
         };
         let [y] = results else {
             return Err(format!(
-                "{T} has one result, it was given {}",
+                "{t} has one result, it was given {}",
                 results.len()
             ));
         };
-        let (rows, inner) = dims2(T, "x", x.dims())?;
-        let (out, w_bytes) = dims2(T, "w", w.dims())?;
-        let (y_rows, y_out) = dims2(T, "y", y.dims())?;
-        let row_bytes = BlockFormat::Q8_0.row_bytes(inner);
-        if row_bytes != Some(w_bytes) || y_rows != rows || y_out != out {
+        let (rows, inner) = dims2(t, "x", x.dims())?;
+        let (out, w_bytes) = dims2(t, "w", w.dims())?;
+        let (y_rows, y_out) = dims2(t, "y", y.dims())?;
+        if format.row_bytes(inner) != Some(w_bytes) || y_rows != rows || y_out != out {
             return Err(format!(
-                "{T}: x is [{rows}, {inner}], w [{out}, {w_bytes}] and y [{y_rows}, {y_out}]; \
+                "{t}: x is [{rows}, {inner}], w [{out}, {w_bytes}] and y [{y_rows}, {y_out}]; \
                  they must be [N, K] with K a multiple of {}, [O, K / {} * {}] and [N, O]",
-                BlockFormat::Q8_0.block_elements(),
-                BlockFormat::Q8_0.block_elements(),
-                BlockFormat::Q8_0.block_bytes(),
+                format.block_elements(),
+                format.block_elements(),
+                format.block_bytes(),
             ));
         }
         if w.dtype() != HostElementType::U8 {
-            return Err(format!("{T}: w must be u8 blocks, it is {:?}", w.dtype()));
+            return Err(format!("{t}: w must be u8 blocks, it is {:?}", w.dtype()));
         }
         let x = x
             .as_f32()
-            .ok_or_else(|| format!("{T}: x must be f32, it is {:?}", x.dtype()))?;
+            .ok_or_else(|| format!("{t}: x must be f32, it is {:?}", x.dtype()))?;
         let dtype = y.dtype();
         let y = y
             .as_f32_mut()
-            .ok_or_else(|| format!("{T}: y must be f32, it is {dtype:?}"))?;
-        tlaloc_kernels::matmul_xwt(x, rows, inner, Matrix::Q8_0(w.bytes()), out, y)
-            .map_err(|e| e.to_string())
+            .ok_or_else(|| format!("{t}: y must be f32, it is {dtype:?}"))?;
+        let bytes = w.bytes();
+        let w = match format {
+            BlockFormat::Q8_0 => Matrix::Q8_0(bytes),
+            BlockFormat::Q4_0 => Matrix::Q4_0(bytes),
+            BlockFormat::Q4_1 => Matrix::Q4_1(bytes),
+            BlockFormat::Q5_0 => Matrix::Q5_0(bytes),
+        };
+        tlaloc_kernels::matmul_xwt(x, rows, inner, w, out, y).map_err(|e| e.to_string())
     }
 }
 
@@ -151,11 +167,19 @@ mod tests {
         assert!(super::kernel_for("tlaloc.cpu.nothing").is_none());
     }
 
-    /// The artifact's Q8_0 layout and the kernels crate's are the same numbers.
+    /// The artifact's block layouts and the kernels crate's are the same numbers.
     #[test]
-    fn the_q8_0_layout_agrees_with_tlaloc_kernels() {
+    fn the_block_layouts_agree_with_tlaloc_kernels() {
         let q = BlockFormat::Q8_0;
         assert_eq!(q.block_elements(), tlaloc_kernels::Q8_0_BLOCK_ELEMS);
         assert_eq!(q.block_bytes(), tlaloc_kernels::Q8_0_BLOCK_BYTES);
+        for (q, bytes) in [
+            (BlockFormat::Q4_0, tlaloc_kernels::Q4_0_BLOCK_BYTES),
+            (BlockFormat::Q4_1, tlaloc_kernels::Q4_1_BLOCK_BYTES),
+            (BlockFormat::Q5_0, tlaloc_kernels::Q5_0_BLOCK_BYTES),
+        ] {
+            assert_eq!(q.block_elements(), tlaloc_kernels::Q4_BLOCK_ELEMS, "{q}");
+            assert_eq!(q.block_bytes(), bytes, "{q}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! GGUF Q8_0, Q4_0 and Q4_1 weights kept quantized, end to end on every test plugin. The tiny
+//! GGUF Q8_0, Q4_0, Q4_1 and Q5_0 weights kept quantized, end to end on every test plugin. The tiny
 //! Llama fixture's f32 weights are quantized to each by a scalar llama.cpp quantizer here (matrices only, Q and
 //! K rows permuted as llama.cpp's converter writes them) into a GGUF, which is exported twice:
 //! dequantized at export (f32, the reference) and with `keep_quantized` plus the `cpu` variant.
@@ -15,7 +15,9 @@
 use std::path::{Path, PathBuf};
 
 use half::f16;
-use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_MATMUL_Q8_0};
+use tlaloc_artifact::kernels::{
+    CPU_MATMUL_Q4_0, CPU_MATMUL_Q4_1, CPU_MATMUL_Q5_0, CPU_MATMUL_Q8_0,
+};
 use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
 use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
 use tlaloc_pjrt::discovery::PluginRequest;
@@ -32,6 +34,7 @@ const LOGPROB_REL_TOL: f32 = 1e-4;
 const Q8_0_TYPE: u32 = 8;
 const Q4_0_TYPE: u32 = 2;
 const Q4_1_TYPE: u32 = 3;
+const Q5_0_TYPE: u32 = 6;
 const F32_TYPE: u32 = 0;
 
 fn workspace_root() -> PathBuf {
@@ -182,6 +185,55 @@ fn quantize_q4_1(values: &[f32]) -> Vec<u8> {
     out
 }
 
+/// llama.cpp's `quantize_row_q5_0_ref`: as Q4_0 with `d = m / -16` and 5-bit codes
+/// `min(31, trunc(x / d + 16.5))`, bit 4 of element `e`'s code in bit `e` of the u32 `qh`.
+fn quantize_q5_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 22);
+    for block in values.chunks_exact(32) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in block {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        let code = |x: f32| ((x * id + 16.5) as i8).min(31) as u8;
+        let mut qh = 0u32;
+        let mut qs = [0u8; 16];
+        for j in 0..16 {
+            let (c0, c1) = (code(block[j]), code(block[j + 16]));
+            qs[j] = (c0 & 0xF) | ((c1 & 0xF) << 4);
+            qh |= u32::from(c0 >> 4) << j;
+            qh |= u32::from(c1 >> 4) << (j + 16);
+        }
+        out.extend(qh.to_le_bytes());
+        out.extend(qs);
+    }
+    out
+}
+
+/// Scalar Q5_0 dequantization: `d * (code - 16)`, each in f32.
+fn dequantize_q5_0(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 22 * 32);
+    for block in bytes.chunks_exact(22) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+        let qs = &block[6..];
+        let nibbles = qs
+            .iter()
+            .map(|&q| q & 0xF)
+            .chain(qs.iter().map(|&q| q >> 4));
+        for (e, q) in nibbles.enumerate() {
+            let code = i32::from(q) | (((qh >> e) & 1) as i32) << 4;
+            out.push(d * (code - 16) as f32);
+        }
+    }
+    out
+}
+
 /// Scalar Q4_1 dequantization: `d * code + m`, in f32.
 fn dequantize_q4_1(bytes: &[u8]) -> Vec<f32> {
     let mut out = Vec::with_capacity(bytes.len() / 20 * 32);
@@ -274,6 +326,7 @@ fn tiny_gguf(dir: &Path, format: BlockFormat) -> PathBuf {
                 BlockFormat::Q8_0 => (Q8_0_TYPE, quantize_q8_0(&values)),
                 BlockFormat::Q4_0 => (Q4_0_TYPE, quantize_q4_0(&values)),
                 BlockFormat::Q4_1 => (Q4_1_TYPE, quantize_q4_1(&values)),
+                BlockFormat::Q5_0 => (Q5_0_TYPE, quantize_q5_0(&values)),
             }
         } else {
             (
@@ -350,16 +403,21 @@ fn q8_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plug
     check_kept_quantized(BlockFormat::Q8_0, CPU_MATMUL_Q8_0);
 }
 
-/// Q4_0 has no kernel: its `cpu` variant dequantizes in the graph and calls the dense one.
 #[test]
 fn q4_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
-    check_kept_quantized(BlockFormat::Q4_0, CPU_MATMUL);
+    check_kept_quantized(BlockFormat::Q4_0, CPU_MATMUL_Q4_0);
 }
 
-/// Q4_1 likewise (its `d * code + m` rounds once in f32, as the dense export's does).
+/// Q4_1's `d * code + m` rounds once in f32, in the dense export, the portable body and the
+/// kernel alike.
 #[test]
 fn q4_1_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
-    check_kept_quantized(BlockFormat::Q4_1, CPU_MATMUL);
+    check_kept_quantized(BlockFormat::Q4_1, CPU_MATMUL_Q4_1);
+}
+
+#[test]
+fn q5_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    check_kept_quantized(BlockFormat::Q5_0, CPU_MATMUL_Q5_0);
 }
 
 fn check_kept_quantized(format: BlockFormat, kernel: &str) {
@@ -368,7 +426,7 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
     let kept = export_tiny(&gguf, &format!("{format}-kept"), true);
 
     // The manifest: every matrix names its format, keeps its logical dims and stores 34 (Q8_0),
-    // 18 (Q4_0) or 20 (Q4_1) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
+    // 18 (Q4_0), 20 (Q4_1) or 22 (Q5_0) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
     // weights bit for bit.
     let dense_artifact = Artifact::open(&dense).unwrap();
     let kept_artifact = Artifact::open(&kept).unwrap();
@@ -393,6 +451,7 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
                 BlockFormat::Q8_0 => (34, dequantize_q8_0(&bytes)),
                 BlockFormat::Q4_0 => (18, dequantize_q4_0(&bytes)),
                 BlockFormat::Q4_1 => (20, dequantize_q4_1(&bytes)),
+                BlockFormat::Q5_0 => (22, dequantize_q5_0(&bytes)),
             };
             assert_eq!(
                 k.byte_length as usize,
@@ -518,13 +577,55 @@ fn smollm2_with_its_q4_1_blocks_kept_reproduces_the_transformers_goldens() {
         "only {blocked} weights kept as blocks"
     );
     let golden = goldens("SmolLM2-135M-Instruct");
-    let cache = scratch("smollm2-kept-compile-cache");
+    // Two cases (a short and a chunked prompt): the portable body dequantizes every weight each
+    // step, which is slow in this test's build.
+    let cases: Vec<&serde_json::Value> =
+        golden["cases"].as_array().unwrap().iter().take(2).collect();
+    assert_goldens(&dir, &cases, "smollm2-kept-compile-cache");
+}
+
+/// Gemma 3 270M's Q4_K_M GGUF exported with its Q5_0 and Q8_0 matrices kept as blocks (its
+/// Q4_K and Q6_K ones are dequantized at export): on every plugin, the portable body and the
+/// `cpu` variant give transformers' greedy ids for the golden's short cases.
+#[test]
+fn gemma3_with_its_q5_0_and_q8_0_blocks_kept_reproduces_the_transformers_goldens() {
+    let gguf = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run `bash scripts/setup.sh`",
+        gguf.display()
+    );
+    let dir = export_tiny(&gguf, "gemma3-kept", true);
+    let manifest = Artifact::open(&dir).unwrap().manifest().clone();
+    let kept = |format| {
+        manifest
+            .weights
+            .iter()
+            .filter(|w| w.block_format == Some(format))
+            .count()
+    };
+    assert!(kept(BlockFormat::Q5_0) > 0 && kept(BlockFormat::Q8_0) > 0);
+    let golden = goldens("gemma-3-270m");
+    let cases: Vec<&serde_json::Value> = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["prompt_ids"].as_array().unwrap().len() + 16 <= 64)
+        .take(2)
+        .collect();
+    assert_eq!(cases.len(), 2, "the golden has two short cases");
+    assert_goldens(&dir, &cases, "gemma3-kept-compile-cache");
+}
+
+/// On every plugin and with both bodies, each case's greedy ids are transformers' up to the
+/// first golden step whose top-2 margin is under 1e-3 (where float order may pick the other
+/// token).
+fn assert_goldens(dir: &Path, cases: &[&serde_json::Value], cache: &str) {
+    let cache = scratch(cache);
     for plugin in test_plugin_paths() {
         for choice in [KernelChoice::Portable, KernelChoice::Auto] {
-            let engine = load(&dir, &plugin, choice, &cache);
-            // Two cases (a short and a chunked prompt): the portable body dequantizes every
-            // weight each step, which is slow in this test's build.
-            for case in golden["cases"].as_array().unwrap().iter().take(2) {
+            let engine = load(dir, &plugin, choice, &cache);
+            for case in cases {
                 let name = case["name"].as_str().unwrap();
                 let expected = ids(&case["greedy_ids"]);
                 let request = GenerateRequest {

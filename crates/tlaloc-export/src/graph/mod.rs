@@ -44,8 +44,10 @@
 //! portable body rounds the dequantized weights to bf16, it dequantizes as the portable body
 //! does and calls the dense kernel). A Q4_0 matrix (`u8 [out, in / 32 * 18]`)
 //! is dequantized the same way, its codes the low then the high nibbles of its 16 code bytes
-//! minus 8; a Q4_1 matrix (`[out, in / 32 * 20]`) likewise, each code times `d` plus `m`. With
-//! no Q4 kernel, the `cpu` variant dequantizes those and calls the dense one.
+//! minus 8; a Q4_1 matrix (`[out, in / 32 * 20]`) likewise, each code times `d` plus `m`; a
+//! Q5_0 matrix (`[out, in / 32 * 22]`) as Q4_0, with bit `e` of its 32-bit `qh` as bit 4 of
+//! element `e` and 16 subtracted. The `cpu` variant passes them to `tlaloc.cpu.matmul_q4_0`,
+//! `_q4_1` and `_q5_0` as Q8_0's.
 //!
 //! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
 //! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
@@ -415,13 +417,16 @@ impl Graph {
                 let codes = self.f.convert(codes, ScalarType::F32)?;
                 self.f.mul(codes, scales)?
             }
-            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
-                let f16s = tlaloc_artifact::quant::SCALE_BYTES;
-                // Q4_0: d, then the codes; Q4_1: d, m, then the codes.
-                let head = if format == BlockFormat::Q4_1 {
-                    2 * f16s
-                } else {
-                    f16s
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0 => {
+                use tlaloc_artifact::quant::{
+                    Q4_0_CODE_OFFSET, Q5_0_CODE_OFFSET, Q5_0_HIGH_BITS_BYTES, SCALE_BYTES,
+                };
+                let f16s = SCALE_BYTES;
+                // Q4_0: d, then the codes; Q4_1: d, m, then the codes; Q5_0: d, qh, the codes.
+                let head = match format {
+                    BlockFormat::Q4_1 => 2 * f16s,
+                    BlockFormat::Q5_0 => f16s + Q5_0_HIGH_BITS_BYTES,
+                    _ => f16s,
                 };
                 let half = elements / 2;
                 let dims = [rows, blocks, elements];
@@ -447,14 +452,35 @@ impl Graph {
                 let four = self.f.splat(Scalar::U8(4), [rows, blocks, half])?;
                 let low = self.f.and(packed, mask)?;
                 let high = self.f.shift_right_logical(packed, four)?;
-                let codes = self.f.concatenate(&[low, high], 2)?;
+                let mut codes = self.f.concatenate(&[low, high], 2)?;
+                if format == BlockFormat::Q5_0 {
+                    // Bit e of the little-endian qh is bit 4 of element e: bit e % 8 of byte
+                    // e / 8, so [.., 4 bytes, 8 bits] reshaped is element order.
+                    let qh_dims = [rows, blocks, Q5_0_HIGH_BITS_BYTES, 8];
+                    let qh = self
+                        .f
+                        .slice(w, [0, 0, f16s], [rows, blocks, head], [1, 1, 1])?;
+                    let qh = self.f.broadcast_in_dim(qh, qh_dims, [0, 1, 2])?;
+                    let bit = self
+                        .f
+                        .iota(TensorType::new(ScalarType::U8, qh_dims.to_vec()), 3)?;
+                    let bits = self.f.shift_right_logical(qh, bit)?;
+                    let one = self.f.splat(Scalar::U8(1), qh_dims)?;
+                    let bits = self.f.and(bits, one)?;
+                    let four = self.f.splat(Scalar::U8(4), qh_dims)?;
+                    let bits = self.f.shift_left(bits, four)?;
+                    let bits = self.f.reshape(bits, dims)?;
+                    codes = self.f.or(codes, bits)?;
+                }
                 let codes = self.f.convert(codes, ScalarType::F32)?;
                 match mins {
                     None => {
-                        let offset = self.f.full(
-                            &f32_ty(&dims),
-                            f64::from(tlaloc_artifact::quant::Q4_0_CODE_OFFSET),
-                        )?;
+                        let offset = if format == BlockFormat::Q5_0 {
+                            Q5_0_CODE_OFFSET
+                        } else {
+                            Q4_0_CODE_OFFSET
+                        };
+                        let offset = self.f.full(&f32_ty(&dims), f64::from(offset))?;
                         let codes = self.f.sub(codes, offset)?;
                         self.f.mul(codes, scales)?
                     }
@@ -514,16 +540,18 @@ impl Graph {
         };
         let out = self.dims(self.operand(slot)?)?[0];
         let cpu_kernel = self.kind == BodyKind::Cpu && n <= kernels::CPU_VARIANT_MAX_ROWS;
-        // The Q8_0 kernel multiplies by the exact `d * q`; a bf16 portable body rounds the
-        // dequantized weights to bf16 first, so there the variant dequantizes as the portable
-        // body does and calls the dense kernel (the same function, not a more exact one).
-        let y = if cpu_kernel && block == Some(BlockFormat::Q8_0) && self.matrix == ScalarType::F32
-        {
+        // A block kernel multiplies by the f32 weight the portable body's dequantized matrix
+        // holds; a bf16 portable body rounds those weights to bf16 first, so there the variant
+        // dequantizes as the portable body does and calls the dense kernel (the same function,
+        // not a more exact one).
+        let block_kernel = block.filter(|_| cpu_kernel && self.matrix == ScalarType::F32);
+        let y = if let Some(format) = block_kernel {
             // The kernel takes the raw blocks; x is f32, as the portable body's dot takes it.
             let x = self.in_dtype(x, ScalarType::F32)?;
             let w = self.operand(slot)?;
+            let target = kernels::cpu_matmul_blocks(format);
             self.f
-                .custom_call(kernels::CPU_MATMUL_Q8_0, &[x, w], f32_ty(&[n, out]), &[])?
+                .custom_call(target, &[x, w], f32_ty(&[n, out]), &[])?
         } else if cpu_kernel {
             let w = self.weight(slot)?;
             // The host kernel takes x in f32; x was rounded to the matrix dtype above, as the

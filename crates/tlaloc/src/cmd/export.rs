@@ -85,8 +85,9 @@ pub struct ExportArgs {
     /// Body variants to add beside each entry's portable body (repeatable or a comma list).
     #[arg(long, value_enum, value_delimiter = ',')]
     variants: Vec<VariantArg>,
-    /// Keep GGUF Q8_0, Q4_0 and Q4_1 matrix weights as their blocks (dequantized in the graph;
-    /// Q8_0 read as it is by the CPU variant's kernel) instead of dequantizing them at export.
+    /// Keep GGUF Q8_0, Q4_0, Q4_1 and Q5_0 matrix weights as their blocks (dequantized in the
+    /// portable body's graph; read as they are by the CPU variant's kernels in an f32 export)
+    /// instead of dequantizing them at export.
     #[arg(long)]
     keep_quantized: bool,
     /// After exporting, compile every entry with this plugin and ship the executables in the
