@@ -50,6 +50,16 @@ pub const CPU_MATMUL_Q4_1: &str = "tlaloc.cpu.matmul_q4_1";
 /// ([`crate::quant::BlockFormat::Q5_0`]'s layout). Each weight `d * (code - 16)` is exact in f32.
 pub const CPU_MATMUL_Q5_0: &str = "tlaloc.cpu.matmul_q5_0";
 
+/// [`CPU_MATMUL_Q8_0`]'s contract for a Q4_K weight: operand 1 `w [O, K / 256 * 144]` u8
+/// ([`crate::quant::BlockFormat::Q4_K`]'s layout). Each weight is `(d * sc) * code - dmin * mn`
+/// rounded once to f32, the value the portable body's dequantized matrix holds.
+pub const CPU_MATMUL_Q4_K: &str = "tlaloc.cpu.matmul_q4_k";
+
+/// [`CPU_MATMUL_Q8_0`]'s contract for a Q6_K weight: operand 1 `w [O, K / 256 * 210]` u8
+/// ([`crate::quant::BlockFormat::Q6_K`]'s layout). Each weight `(d * scale) * (code - 32)` is
+/// exact in f32.
+pub const CPU_MATMUL_Q6_K: &str = "tlaloc.cpu.matmul_q6_k";
+
 /// The kernel that multiplies by a weight stored as `format`'s raw blocks.
 pub const fn cpu_matmul_blocks(format: BlockFormat) -> &'static str {
     match format {
@@ -57,16 +67,20 @@ pub const fn cpu_matmul_blocks(format: BlockFormat) -> &'static str {
         BlockFormat::Q4_0 => CPU_MATMUL_Q4_0,
         BlockFormat::Q4_1 => CPU_MATMUL_Q4_1,
         BlockFormat::Q5_0 => CPU_MATMUL_Q5_0,
+        BlockFormat::Q4_K => CPU_MATMUL_Q4_K,
+        BlockFormat::Q6_K => CPU_MATMUL_Q6_K,
     }
 }
 
 /// Every kernel a variant may call, with the platform it runs on.
-pub const KERNELS: [(&str, &str); 5] = [
+pub const KERNELS: [(&str, &str); 7] = [
     (CPU_MATMUL, CPU_PLATFORM),
     (CPU_MATMUL_Q8_0, CPU_PLATFORM),
     (CPU_MATMUL_Q4_0, CPU_PLATFORM),
     (CPU_MATMUL_Q4_1, CPU_PLATFORM),
     (CPU_MATMUL_Q5_0, CPU_PLATFORM),
+    (CPU_MATMUL_Q4_K, CPU_PLATFORM),
+    (CPU_MATMUL_Q6_K, CPU_PLATFORM),
 ];
 
 /// The most rows (`B * T` of an entry) for which the CPU variant replaces a matrix

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::Dtype;
 
-/// A block format of quantized weights.
+/// A block format of quantized weights, named as llama.cpp names it.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BlockFormat {
     /// llama.cpp's `Q8_0`: blocks of 32 elements in 34 bytes, a little-endian IEEE f16 scale
@@ -42,6 +43,25 @@ pub enum BlockFormat {
     /// `d * (code - 16)` (exact in f32).
     #[serde(rename = "q5_0")]
     Q5_0,
+    /// llama.cpp's `Q4_K`: super-blocks of 256 elements in 144 bytes, little-endian IEEE f16
+    /// `d` and `dmin`, 12 bytes of eight packed 6-bit (scale, min) pairs, then 128 bytes `qs`.
+    /// The super-block is eight sub-blocks of 32 elements: sub-block `j` takes the low nibbles
+    /// (`j` even) or the high nibbles (`j` odd) of bytes `32 (j / 2) .. 32 (j / 2) + 32` of `qs`.
+    /// With the scale bytes read as three groups `a, b, c` of four, pair `j < 4` is
+    /// `(a[j] & 63, b[j] & 63)` and pair `j + 4` is `((c[j] & 15) | (a[j] >> 6) << 4,
+    /// (c[j] >> 4) | (b[j] >> 6) << 4)` (llama.cpp's `get_scale_min_k4`). An element of
+    /// sub-block `j` is `(d * sc[j]) * code - dmin * mn[j]`: both products exact in f32 (at
+    /// most 11 + 6 + 4 significant bits), the difference rounded once.
+    #[serde(rename = "q4_k")]
+    Q4_K,
+    /// llama.cpp's `Q6_K`: super-blocks of 256 elements in 210 bytes: 128 bytes `ql` of low
+    /// nibbles, 64 bytes `qh` of 2-bit high parts, 16 `i8` sub-block scales, then a
+    /// little-endian IEEE f16 `d`. Element `e = 128 h + 32 q + l` (`h < 2`, `q < 4`, `l < 32`)
+    /// has the low nibble `ql[64 h + 32 (q % 2) + l] >> 4 (q / 2)` and the high bits
+    /// `(qh[32 h + l] >> 2 q) & 3`; its code is `low | high << 4` and it is
+    /// `(d * scales[e / 16]) * (code - 32)`, exact in f32 (at most 11 + 8 + 6 bits).
+    #[serde(rename = "q6_k")]
+    Q6_K,
 }
 
 /// Bytes of the f16 scale at the start of a block (each of `d` and `m` in Q4_1).
@@ -59,13 +79,30 @@ pub const Q5_0_CODE_OFFSET: i32 = 16;
 /// Bytes of Q5_0's `qh`, the high bits of its 32 codes.
 pub const Q5_0_HIGH_BITS_BYTES: usize = 4;
 
+/// Elements of a K-quant (Q4_K, Q6_K) super-block.
+pub const K_SUPER_BLOCK_ELEMENTS: usize = 256;
+
+/// Bytes of Q4_K's packed 6-bit (scale, min) pairs.
+pub const Q4_K_SCALES_BYTES: usize = 12;
+
+/// Elements of a Q4_K sub-block, which has its own scale and min.
+pub const Q4_K_SUB_BLOCK_ELEMENTS: usize = 32;
+
+/// Elements of a Q6_K sub-block, which has its own scale.
+pub const Q6_K_SUB_BLOCK_ELEMENTS: usize = 16;
+
+/// What Q6_K subtracts from each 6-bit code.
+pub const Q6_K_CODE_OFFSET: i32 = 32;
+
 impl BlockFormat {
     /// Every format, in a stable order.
-    pub const ALL: [BlockFormat; 4] = [
+    pub const ALL: [BlockFormat; 6] = [
         BlockFormat::Q8_0,
         BlockFormat::Q4_0,
         BlockFormat::Q4_1,
         BlockFormat::Q5_0,
+        BlockFormat::Q4_K,
+        BlockFormat::Q6_K,
     ];
 
     /// The name the manifest and error messages use (`"q8_0"`).
@@ -75,6 +112,8 @@ impl BlockFormat {
             BlockFormat::Q4_0 => "q4_0",
             BlockFormat::Q4_1 => "q4_1",
             BlockFormat::Q5_0 => "q5_0",
+            BlockFormat::Q4_K => "q4_k",
+            BlockFormat::Q6_K => "q6_k",
         }
     }
 
@@ -82,6 +121,7 @@ impl BlockFormat {
     pub const fn block_elements(self) -> usize {
         match self {
             BlockFormat::Q8_0 | BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0 => 32,
+            BlockFormat::Q4_K | BlockFormat::Q6_K => K_SUPER_BLOCK_ELEMENTS,
         }
     }
 
@@ -92,6 +132,8 @@ impl BlockFormat {
             BlockFormat::Q4_0 => 18,
             BlockFormat::Q4_1 => 20,
             BlockFormat::Q5_0 => 22,
+            BlockFormat::Q4_K => 144,
+            BlockFormat::Q6_K => 210,
         }
     }
 
@@ -161,6 +203,35 @@ mod tests {
         assert_eq!(q.operand_dims(&[3, 64]).unwrap(), vec![3, 44]);
         assert_eq!(
             SCALE_BYTES + Q5_0_HIGH_BITS_BYTES + q.block_elements() / 2,
+            q.block_bytes()
+        );
+    }
+
+    #[test]
+    fn k_quant_rows_are_whole_super_blocks() {
+        let q = BlockFormat::Q4_K;
+        assert_eq!(q.operand_dims(&[3, 512]).unwrap(), vec![3, 288]);
+        assert_eq!(
+            2 * SCALE_BYTES + Q4_K_SCALES_BYTES + K_SUPER_BLOCK_ELEMENTS / 2,
+            q.block_bytes()
+        );
+        assert_eq!(
+            K_SUPER_BLOCK_ELEMENTS / Q4_K_SUB_BLOCK_ELEMENTS * 12 / 8,
+            Q4_K_SCALES_BYTES,
+            "eight 12-bit pairs"
+        );
+        let err = q.operand_dims(&[3, 576]).unwrap_err();
+        assert!(
+            err.contains("q4_k") && err.contains("256") && err.contains("576"),
+            "{err}"
+        );
+        let q = BlockFormat::Q6_K;
+        assert_eq!(q.operand_dims(&[2, 256]).unwrap(), vec![2, 210]);
+        assert_eq!(
+            K_SUPER_BLOCK_ELEMENTS / 2
+                + K_SUPER_BLOCK_ELEMENTS / 4
+                + K_SUPER_BLOCK_ELEMENTS / Q6_K_SUB_BLOCK_ELEMENTS
+                + SCALE_BYTES,
             q.block_bytes()
         );
     }

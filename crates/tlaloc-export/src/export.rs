@@ -332,8 +332,8 @@ pub fn export_checkpoint(
 }
 
 /// Marks every matrix slot of `plan` whose source tensors are all stored in one block format
-/// the graph reads (Q8_0, Q4_0, Q4_1, Q5_0) to be written as those blocks; refuses by name one the format
-/// cannot store.
+/// the graph reads (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) to be written as those blocks; refuses by
+/// name one the format cannot store (a row that is not whole blocks).
 fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), ExportError> {
     use crate::gguf::GgmlType;
     let formats = [
@@ -341,6 +341,8 @@ fn keep_blocks(checkpoint: &Checkpoint, plan: &mut WeightPlan) -> Result<(), Exp
         (GgmlType::Q4_0.name(), BlockFormat::Q4_0),
         (GgmlType::Q4_1.name(), BlockFormat::Q4_1),
         (GgmlType::Q5_0.name(), BlockFormat::Q5_0),
+        (GgmlType::Q4_K.name(), BlockFormat::Q4_K),
+        (GgmlType::Q6_K.name(), BlockFormat::Q6_K),
     ];
     for slot in &mut plan.slots {
         let SlotSource::Rows(roles) = &slot.source else {

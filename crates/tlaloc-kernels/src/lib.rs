@@ -1,5 +1,6 @@
 //! Host matmul kernels for the CPU serving path: `y = x · wᵀ` with the weight matrix as stored in the
-//! artifact (`[out, inner]`, row-major; f32, bf16, or the GGUF blocks Q8_0, Q4_0, Q4_1 and Q5_0).
+//! artifact (`[out, inner]`, row-major; f32, bf16, or the GGUF blocks Q8_0, Q4_0, Q4_1, Q5_0, Q4_K
+//! and Q6_K).
 //!
 //! Decode multiplies a handful of activation rows by every weight matrix once per step, so the work is
 //! bound by memory bandwidth, not arithmetic. The design decision that follows: each weight row is
@@ -16,7 +17,9 @@ mod simd;
 
 use rayon::prelude::*;
 
-/// A weight matrix `[out, inner]`, row-major, as stored in the artifact.
+/// A weight matrix `[out, inner]`, row-major, as stored in the artifact (the block formats named as
+/// llama.cpp names them).
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy)]
 pub enum Matrix<'a> {
     /// f32 elements, `out * inner` of them.
@@ -38,6 +41,17 @@ pub enum Matrix<'a> {
     /// a little-endian u32 `qh`, then 16 code bytes as in Q4_0; the code of element `e` is its
     /// nibble with bit `e` of `qh` as bit 4, and the element is `d * (code - 16)`.
     Q5_0(&'a [u8]),
+    /// GGUF Q4_K super-blocks: each row is `inner / 256` blocks of 144 bytes, little-endian f16 `d`
+    /// and `dmin`, 12 bytes of eight packed 6-bit (scale, min) pairs (llama.cpp's
+    /// `get_scale_min_k4`), then 128 code bytes; sub-block `j` (32 elements) takes the low (`j`
+    /// even) or high (`j` odd) nibbles of code bytes `32 (j / 2) ..`, and its element is
+    /// `(d * sc[j]) * code - dmin * mn[j]`, rounded once to f32. Needs `inner % 256 == 0`.
+    Q4_K(&'a [u8]),
+    /// GGUF Q6_K super-blocks: each row is `inner / 256` blocks of 210 bytes: 128 bytes of low
+    /// nibbles, 64 bytes of 2-bit high parts, 16 `i8` scales, and a little-endian f16 `d`; element
+    /// `e` is `(d * scale[e / 16]) * (code - 32)`, exact in f32 (layout in `tlaloc-artifact`'s
+    /// `BlockFormat::Q6_K`). Needs `inner % 256 == 0`.
+    Q6_K(&'a [u8]),
 }
 
 impl Matrix<'_> {
@@ -49,6 +63,8 @@ impl Matrix<'_> {
             Matrix::Q4_0(_) => "Q4_0",
             Matrix::Q4_1(_) => "Q4_1",
             Matrix::Q5_0(_) => "Q5_0",
+            Matrix::Q4_K(_) => "Q4_K",
+            Matrix::Q6_K(_) => "Q6_K",
         }
     }
 
@@ -60,6 +76,8 @@ impl Matrix<'_> {
             Matrix::Q4_0(_) => Some((Q4_BLOCK_ELEMS, Q4_0_BLOCK_BYTES)),
             Matrix::Q4_1(_) => Some((Q4_BLOCK_ELEMS, Q4_1_BLOCK_BYTES)),
             Matrix::Q5_0(_) => Some((Q4_BLOCK_ELEMS, Q5_0_BLOCK_BYTES)),
+            Matrix::Q4_K(_) => Some((K_BLOCK_ELEMS, Q4_K_BLOCK_BYTES)),
+            Matrix::Q6_K(_) => Some((K_BLOCK_ELEMS, Q6_K_BLOCK_BYTES)),
         }
     }
 
@@ -68,7 +86,12 @@ impl Matrix<'_> {
         match self {
             Matrix::F32(s) => s.len(),
             Matrix::Bf16(s) => s.len(),
-            Matrix::Q8_0(s) | Matrix::Q4_0(s) | Matrix::Q4_1(s) | Matrix::Q5_0(s) => s.len(),
+            Matrix::Q8_0(s)
+            | Matrix::Q4_0(s)
+            | Matrix::Q4_1(s)
+            | Matrix::Q5_0(s)
+            | Matrix::Q4_K(s)
+            | Matrix::Q6_K(s) => s.len(),
         }
     }
 
@@ -94,6 +117,12 @@ pub const Q4_0_BLOCK_BYTES: usize = 18;
 pub const Q4_1_BLOCK_BYTES: usize = 20;
 /// Bytes per Q5_0 block: an f16 scale, 4 bytes of high bits and 16 bytes of 4-bit codes.
 pub const Q5_0_BLOCK_BYTES: usize = 22;
+/// Elements per Q4_K and Q6_K super-block.
+pub const K_BLOCK_ELEMS: usize = 256;
+/// Bytes per Q4_K super-block: f16 `d` and `dmin`, 12 bytes of scales and mins, 128 code bytes.
+pub const Q4_K_BLOCK_BYTES: usize = 144;
+/// Bytes per Q6_K super-block: 128 bytes of low nibbles, 64 of high bits, 16 scales, f16 `d`.
+pub const Q6_K_BLOCK_BYTES: usize = 210;
 
 /// Why a kernel call was refused.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
@@ -129,7 +158,7 @@ pub enum KernelError {
         "matmul_xwt: {format} weights need inner to be a multiple of {block_elements}, got inner = {inner}"
     )]
     InnerNotBlockMultiple {
-        /// `Q8_0`, `Q4_0`, `Q4_1` or `Q5_0`.
+        /// `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q4_K` or `Q6_K`.
         format: &'static str,
         /// Elements per block of the format.
         block_elements: usize,
@@ -143,12 +172,12 @@ pub enum KernelError {
 /// call inside `ThreadPool::install` to choose).
 ///
 /// Accumulation is in f32; bf16 and block weights are widened to f32 inside the loop (exactly: every
-/// bf16, every Q8_0, Q4_0 and Q5_0 `d * code` is an f32; a Q4_1 weight is `d * code + m` rounded once to
-/// f32, as the dequantized matrix holds it). Each output's error is within `γ_inner · Σ_k |x w|`
+/// bf16, every Q8_0, Q4_0, Q5_0 and Q6_K weight is an f32; a Q4_1 or Q4_K weight is a product plus or
+/// minus a product, rounded once to f32, as the dequantized matrix holds it). Each output's error is within `γ_inner · Σ_k |x w|`
 /// (`γ_n = n·u / (1 - n·u)`, `u = 2^-24`, `w` the f32 weight), and its bits do not depend on the
 /// thread count. Matrices under 128 KiB run on the calling thread. Allocates per call: the
-/// transposed output for `rows > 1`, and a permuted copy of `x` for bf16 and the block formats
-/// (both `rows * inner` or smaller).
+/// transposed output for `rows > 1`, and a permuted copy of `x` for bf16 and the 32-element block
+/// formats (both `rows * inner` or smaller).
 pub fn matmul_xwt(
     x: &[f32],
     rows: usize,
@@ -170,8 +199,8 @@ pub fn matmul_xwt(
                     inner,
                 });
             }
-            // Bytes = out * (inner / 32) * block bytes, exact because inner is whole blocks.
-            let blocks_dims = [("out", out), ("inner/32", inner / elems)];
+            // Bytes = out * blocks * block bytes, exact because inner is whole blocks.
+            let blocks_dims = [("out", out), ("blocks", inner / elems)];
             check_len("w", w.dtype(), w.len(), &blocks_dims, bytes)?;
         }
     }

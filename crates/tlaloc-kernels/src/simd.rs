@@ -34,14 +34,21 @@
 //! fifth bit per code from its 32-bit `qh`: a second u32 vector holds `qh >> 2(vL + i)` in lane
 //! `i`, whose bits 0, 16, 1 and 17 are the high bits of the lane's four elements, each moved to
 //! bit 4 and or-ed into its nibble before the conversion (bias `2^23 + 16`).
+//!
+//! Q4_K and Q6_K pack a super-block of 256 elements with sub-block scales (and Q4_K's mins) in
+//! 6- and 8-bit fields: no lane trick lines their codes up with a vector cheaply. Each super-block
+//! of a weight row is decoded instead into a buffer of 256 f32 on the stack (scalar code in
+//! llama.cpp's loop order, which the compiler vectorizes inside the dispatched function), then
+//! dotted with the unpermuted activations, which need no per-call copy. The decode is paid once
+//! per weight row and super-block and shared by up to 8 activation rows.
 
 // The accumulators are small const-size arrays indexed by the same `r`/`i` across several arrays;
 // explicit index loops are what keeps them in registers and readable.
 #![allow(clippy::needless_range_loop)]
 
 use crate::{
-    Matrix, Q4_0_BLOCK_BYTES, Q4_1_BLOCK_BYTES, Q4_BLOCK_ELEMS, Q5_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES,
-    Q8_0_BLOCK_ELEMS,
+    K_BLOCK_ELEMS, Matrix, Q4_0_BLOCK_BYTES, Q4_1_BLOCK_BYTES, Q4_BLOCK_ELEMS, Q4_K_BLOCK_BYTES,
+    Q5_0_BLOCK_BYTES, Q6_K_BLOCK_BYTES, Q8_0_BLOCK_BYTES, Q8_0_BLOCK_ELEMS,
 };
 use pulp::Simd;
 
@@ -272,6 +279,18 @@ pub(crate) fn chunk(
         }),
         Matrix::Q5_0(w) => arch.dispatch(Chunk {
             dot: Q4Dot::new(acts, pf, w, o0, n_out, Nibbles::Q5_0),
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Q4_K(w) => arch.dispatch(Chunk {
+            dot: KDot::new(acts, pf, w, o0, n_out, Super::Q4K),
+            n_out,
+            tile,
+            yt,
+        }),
+        Matrix::Q6_K(w) => arch.dispatch(Chunk {
+            dot: KDot::new(acts, pf, w, o0, n_out, Super::Q6K),
             n_out,
             tile,
             yt,
@@ -965,6 +984,174 @@ impl Dot for Q4Dot<'_> {
     }
 }
 
+/// The K-quant super-block formats, which share one inner loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Super {
+    /// Eight sub-blocks of 32 with 6-bit scales and mins: `(d * sc) * code - dmin * mn`.
+    Q4K,
+    /// Sixteen sub-blocks of 16 with `i8` scales: `(d * scale) * (code - 32)`.
+    Q6K,
+}
+
+impl Super {
+    fn block_bytes(self) -> usize {
+        match self {
+            Super::Q4K => Q4_K_BLOCK_BYTES,
+            Super::Q6K => Q6_K_BLOCK_BYTES,
+        }
+    }
+
+    /// The 256 weights of super-block `blk`, as the dequantized matrix holds them.
+    #[inline(always)]
+    fn decode(self, blk: &[u8], w: &mut [f32; K_BLOCK_ELEMS]) {
+        let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]));
+        match self {
+            Super::Q4K => {
+                let (d, dmin) = (f16(0), f16(2));
+                let s = &blk[4..16];
+                // llama.cpp's get_scale_min_k4: pairs 0..4 in the low 6 bits of bytes 0..4 (scale)
+                // and 4..8 (min); pairs 4..8 from the nibbles of bytes 8..12 and the top 2 bits of
+                // bytes 0..8.
+                let pair = |j: usize| -> (f32, f32) {
+                    let (sc, mn) = if j < 4 {
+                        (s[j] & 63, s[j + 4] & 63)
+                    } else {
+                        (
+                            (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4),
+                            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                        )
+                    };
+                    (d * f32::from(sc), dmin * f32::from(mn))
+                };
+                let qs = &blk[16..Q4_K_BLOCK_BYTES];
+                for g in 0..4 {
+                    let ((d0, m0), (d1, m1)) = (pair(2 * g), pair(2 * g + 1));
+                    let q = &qs[32 * g..][..32];
+                    let (lo, hi) = w[64 * g..][..64].split_at_mut(32);
+                    for l in 0..32 {
+                        lo[l] = d0 * f32::from(q[l] & 15) - m0;
+                        hi[l] = d1 * f32::from(q[l] >> 4) - m1;
+                    }
+                }
+            }
+            Super::Q6K => {
+                let d = f16(208);
+                let ds: [f32; 16] = core::array::from_fn(|i| d * f32::from(blk[192 + i] as i8));
+                for h in 0..2 {
+                    let ql = &blk[64 * h..][..64];
+                    let qh = &blk[128 + 32 * h..][..32];
+                    let y = &mut w[128 * h..][..128];
+                    for half in 0..2 {
+                        let sc = [0, 2, 4, 6].map(|q| ds[8 * h + q + half]);
+                        for l in 16 * half..16 * half + 16 {
+                            let code = |low: u8, high: u8| f32::from(low | (high & 3) << 4) - 32.0;
+                            y[l] = sc[0] * code(ql[l] & 15, qh[l]);
+                            y[32 + l] = sc[1] * code(ql[32 + l] & 15, qh[l] >> 2);
+                            y[64 + l] = sc[2] * code(ql[l] >> 4, qh[l] >> 4);
+                            y[96 + l] = sc[3] * code(ql[32 + l] >> 4, qh[l] >> 6);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct KDot<'a> {
+    acts: &'a Activations<'a>,
+    pf: Prefetch,
+    /// The chunk's weight rows, super-blocks of `format`.
+    w: &'a [u8],
+    row_bytes: usize,
+    block_bytes: usize,
+    format: Super,
+}
+
+impl HasActs for KDot<'_> {
+    fn acts(&self) -> &Activations<'_> {
+        self.acts
+    }
+}
+
+impl<'a> KDot<'a> {
+    fn new(
+        acts: &'a Activations<'a>,
+        pf: Prefetch,
+        w: &'a [u8],
+        o0: usize,
+        n_out: usize,
+        format: Super,
+    ) -> Self {
+        let block_bytes = format.block_bytes();
+        let row_bytes = acts.inner / K_BLOCK_ELEMS * block_bytes;
+        KDot {
+            acts,
+            pf,
+            w: &w[o0 * row_bytes..(o0 + n_out) * row_bytes],
+            row_bytes,
+            block_bytes,
+            format,
+        }
+    }
+}
+
+/// Independent partial sums per super-block and row pair: one accumulator's chain of dependent
+/// multiply-adds would wait on the FMA latency.
+const K_PARTIALS: usize = 4;
+
+impl Dot for KDot<'_> {
+    const WIDE_ROWS: bool = true;
+
+    #[inline(always)]
+    fn dot<S: Simd, const R: usize, const W: usize>(
+        &self,
+        simd: S,
+        r0: usize,
+        o: usize,
+        ahead: usize,
+    ) -> [[f32; W]; R] {
+        let acts = self.acts;
+        let blocks = acts.inner / K_BLOCK_ELEMS;
+        let zero = simd.splat_f32s(0.0);
+        let mut acc = [[zero; W]; R];
+        let mut decoded = [[0.0f32; K_BLOCK_ELEMS]; W];
+        let ahead = ahead * self.row_bytes;
+        for b in 0..blocks {
+            for i in 0..W {
+                let blk =
+                    &self.w[(o + i) * self.row_bytes + b * self.block_bytes..][..self.block_bytes];
+                for at in (0..self.block_bytes).step_by(LINE) {
+                    self.pf.line(blk.as_ptr().wrapping_add(at + ahead));
+                }
+                self.format.decode(blk, &mut decoded[i]);
+            }
+            for i in 0..W {
+                let wv = S::as_simd_f32s(&decoded[i]).0;
+                for r in 0..R {
+                    let x = &acts.row(r0 + r)[b * K_BLOCK_ELEMS..][..K_BLOCK_ELEMS];
+                    let xv = S::as_simd_f32s(x).0;
+                    let mut part = [zero; K_PARTIALS];
+                    for (j, (&xj, &wj)) in xv.iter().zip(wv).enumerate() {
+                        part[j % K_PARTIALS] = simd.mul_add_e_f32s(xj, wj, part[j % K_PARTIALS]);
+                    }
+                    let sum = simd.add_f32s(
+                        simd.add_f32s(part[0], part[1]),
+                        simd.add_f32s(part[2], part[3]),
+                    );
+                    acc[r][i] = simd.add_f32s(acc[r][i], sum);
+                }
+            }
+        }
+        let mut res = [[0.0f32; W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
+            }
+        }
+        res
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The portable path (pulp's scalar type, what a CPU without the vector features gets) against
@@ -1028,6 +1215,20 @@ mod tests {
             .with_simd(simd),
             Matrix::Q5_0(w) => Chunk {
                 dot: Q4Dot::new(acts, pf, w, 0, out, Nibbles::Q5_0),
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Q4_K(w) => Chunk {
+                dot: KDot::new(acts, pf, w, 0, out, Super::Q4K),
+                n_out: out,
+                tile,
+                yt: &mut yt,
+            }
+            .with_simd(simd),
+            Matrix::Q6_K(w) => Chunk {
+                dot: KDot::new(acts, pf, w, 0, out, Super::Q6K),
                 n_out: out,
                 tile,
                 yt: &mut yt,
@@ -1122,6 +1323,79 @@ mod tests {
                             w.dtype()
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The K-quant formats on pulp's scalar type, against values decoded element by element
+    /// from llama.cpp's definitions (random bytes: every scale, min and code).
+    #[test]
+    fn scalar_k_quants_match_reference() {
+        let mut seed = 7;
+        let byte = |seed: &mut u64| (lcg(seed).to_bits() >> 7) as u8;
+        let (rows, inner, out) = (3, 512, 5);
+        let x: Vec<f32> = (0..rows * inner).map(|_| lcg(&mut seed)).collect();
+        let (mut w4, mut w4_values, mut w6, mut w6_values) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for blk in 0..out * inner / 256 {
+            let d: u16 = 0x1c00 + blk as u16 * 37; // about 2^-8
+            let dmin: u16 = 0x9c00 + blk as u16 * 13; // negative minimums
+            let (df, mf) = (f16_to_f32(d), f16_to_f32(dmin));
+            let s: Vec<u8> = (0..12).map(|_| byte(&mut seed)).collect();
+            let qs: Vec<u8> = (0..128).map(|_| byte(&mut seed)).collect();
+            w4.extend(d.to_le_bytes());
+            w4.extend(dmin.to_le_bytes());
+            w4.extend(&s);
+            w4.extend(&qs);
+            for e in 0..256 {
+                let j = e / 32;
+                let (sc, mn) = if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    (
+                        (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
+                        (s[j + 4] >> 4) | (s[j] >> 6) << 4,
+                    )
+                };
+                let q = (qs[32 * (j / 2) + e % 32] >> (4 * (j % 2))) & 15;
+                let v = df * f32::from(sc) * f32::from(q) - mf * f32::from(mn);
+                w4_values.push(f64::from(v));
+            }
+            let b: Vec<u8> = (0..208).map(|_| byte(&mut seed)).collect();
+            w6.extend(&b);
+            w6.extend(d.to_le_bytes());
+            for e in 0..256 {
+                let (h, r) = (e / 128, e % 128);
+                let low = (b[64 * h + r % 64] >> (4 * (r / 64))) & 15;
+                let high = (b[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
+                let code = i32::from(low | high << 4) - 32;
+                let v = df * f32::from(b[192 + e / 16] as i8) * code as f32;
+                w6_values.push(f64::from(v));
+            }
+        }
+        let nu = inner as f64 * f64::from(f32::EPSILON) / 2.0;
+        let gamma = nu / (1.0 - nu);
+        for (w, w64) in [
+            (Matrix::Q4_K(&w4), w4_values),
+            (Matrix::Q6_K(&w6), w6_values),
+        ] {
+            let acts = Activations::new(&x, rows, inner, &w);
+            let yt = scalar_chunk(&acts, &w, out);
+            for n in 0..rows {
+                for o in 0..out {
+                    let (mut s, mut m) = (0.0f64, 0.0f64);
+                    for k in 0..inner {
+                        let p = f64::from(x[n * inner + k]) * w64[o * inner + k];
+                        s += p;
+                        m += p.abs();
+                    }
+                    let got = f64::from(yt[o * rows + n]);
+                    assert!(
+                        (got - s).abs() <= gamma * m,
+                        "{}: y[{n},{o}] = {got}, want {s}",
+                        w.dtype()
+                    );
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! `matmul_xwt` against a scalar f64 reference on seeded random inputs, for f32, bf16, Q8_0, Q4_0,
-//! Q4_1 and Q5_0 weights, odd shapes (not multiples of any SIMD width), and the shape checks.
+//! Q4_1, Q5_0, Q4_K and Q6_K weights, odd shapes (not multiples of any SIMD width), and the shape
+//! checks.
 //!
 //! Error bound. Every f32 input is exact in f64, and the reference sums the exact products in f64
 //! (relative error ~1e-16, negligible here). The kernel forms each product once and adds it into an
@@ -9,10 +10,12 @@
 //!
 //! `|y - y_ref| <= γ_n · Σ_k |x_k · w_k|`, with `γ_n = n·u / (1 - n·u)`,
 //!
-//! with `n = inner`: the weights reach the products exactly as f32 (widening bf16 is exact, and a
-//! Q8_0, Q4_0 or Q5_0 weight `d * code` has at most 11 + 8 significant bits). A Q4_1 weight is
-//! `d * code + m` rounded once to f32, the value the dequantized matrix holds: the reference takes
-//! that f32 (computed here from the block's definition) as the weight, and the bound is the same.
+//! with `n = inner`: the weights reach the products exactly as f32 (widening bf16 is exact, a
+//! Q8_0, Q4_0 or Q5_0 weight `d * code` has at most 11 + 8 significant bits, a Q6_K weight
+//! `(d * scale) * code` at most 11 + 8 + 6). A Q4_1 weight is `d * code + m` and a Q4_K weight
+//! `(d * sc) * code - dmin * mn`, each rounded once to f32, the value the dequantized matrix
+//! holds: the reference takes that f32 (computed here from the block's definition) as the
+//! weight, and the bound is the same.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -229,6 +232,105 @@ fn q4_weights_match_reference() {
     }
 }
 
+/// The K-quant super-block formats.
+#[derive(Clone, Copy, PartialEq)]
+enum KQuant {
+    Q4K,
+    Q6K,
+}
+
+/// A random normal f16 of either sign, 2^-8 .. 2^4.
+fn random_f16(rng: &mut StdRng) -> u16 {
+    let sign = u16::from(rng.random::<bool>()) << 15;
+    sign | (rng.random_range(7u16..19) << 10) | rng.random_range(0..0x400)
+}
+
+/// Random Q4_K or Q6_K rows and their values (f32, as a dequantized matrix holds them), decoded
+/// element by element from llama.cpp's definitions (`dequantize_row_q4_K`, `dequantize_row_q6_K`):
+/// every scale, min and code byte random, one super-block per matrix with a subnormal `d`.
+fn random_k(rng: &mut StdRng, out: usize, inner: usize, format: KQuant) -> (Vec<u8>, Vec<f64>) {
+    let blocks = out * inner / 256;
+    let mut bytes = Vec::new();
+    let mut values = Vec::with_capacity(out * inner);
+    for b in 0..blocks {
+        let d = if b == blocks / 2 {
+            rng.random_range(1..0x400) // subnormal
+        } else {
+            random_f16(rng)
+        };
+        let d32 = f16_value(d) as f32;
+        match format {
+            KQuant::Q4K => {
+                let dmin = random_f16(rng);
+                let scales: [u8; 12] = rng.random();
+                let mut qs = [0u8; 128];
+                rng.fill(&mut qs[..]);
+                bytes.extend_from_slice(&d.to_le_bytes());
+                bytes.extend_from_slice(&dmin.to_le_bytes());
+                bytes.extend_from_slice(&scales);
+                bytes.extend_from_slice(&qs);
+                let dmin = f16_value(dmin) as f32;
+                for e in 0..256 {
+                    let j = e / 32;
+                    let (sc, mn) = if j < 4 {
+                        (scales[j] & 63, scales[j + 4] & 63)
+                    } else {
+                        (
+                            (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4),
+                            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+                        )
+                    };
+                    let q = (qs[32 * (j / 2) + e % 32] >> (4 * (j % 2))) & 0xF;
+                    let v = d32 * f32::from(sc) * f32::from(q) - dmin * f32::from(mn);
+                    values.push(f64::from(v));
+                }
+            }
+            KQuant::Q6K => {
+                let mut ql = [0u8; 128];
+                let mut qh = [0u8; 64];
+                rng.fill(&mut ql[..]);
+                rng.fill(&mut qh[..]);
+                let scales: [i8; 16] = rng.random();
+                bytes.extend_from_slice(&ql);
+                bytes.extend_from_slice(&qh);
+                bytes.extend(scales.iter().map(|&s| s as u8));
+                bytes.extend_from_slice(&d.to_le_bytes());
+                for e in 0..256 {
+                    let (h, r) = (e / 128, e % 128);
+                    let low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
+                    let high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+                    let code = i32::from(low | (high << 4)) - 32;
+                    let v = d32 * f32::from(scales[e / 16]) * code as f32;
+                    values.push(f64::from(v));
+                }
+            }
+        }
+    }
+    (bytes, values)
+}
+
+#[test]
+fn k_quant_weights_match_reference() {
+    let mut rng = StdRng::seed_from_u64(256);
+    for format in [KQuant::Q4K, KQuant::Q6K] {
+        for &(inner, out) in &[(256, 1), (256, 7), (512, 5), (1536, 13)] {
+            let (w, w64) = random_k(&mut rng, out, inner, format);
+            let (name, matrix) = match format {
+                KQuant::Q4K => ("Q4_K", Matrix::Q4_K(&w)),
+                KQuant::Q6K => ("Q6_K", Matrix::Q6_K(&w)),
+            };
+            for &rows in &ROWS {
+                let x = random_f32(&mut rng, rows * inner);
+                let mut y = vec![f32::NAN; rows * out];
+                matmul_xwt(&x, rows, inner, matrix, out, &mut y).unwrap();
+                let (want, mag) = reference(&x, rows, inner, &w64, out);
+                let what = format!("{name} rows={rows} inner={inner} out={out}");
+                assert_close(&what, &y, &want, &mag, inner, out);
+            }
+        }
+    }
+}
+
 #[test]
 fn q8_0_weights_match_reference() {
     let mut rng = StdRng::seed_from_u64(8);
@@ -259,8 +361,13 @@ fn parallel_chunks_match_reference_and_single_thread() {
     let (w40, w40_64) = random_q4(&mut rng, out_q, inner_q, Nibbles::Q4_0);
     let (w41, w41_64) = random_q4(&mut rng, out_q, inner_q, Nibbles::Q4_1);
     let (w50, w50_64) = random_q4(&mut rng, out_q, inner_q, Nibbles::Q5_0);
+    // Over 128 KiB of Q4_K too.
+    let (inner_k, out_k) = (2048, 163);
+    let (w4k, w4k_64) = random_k(&mut rng, out_k, inner_k, KQuant::Q4K);
+    let (w6k, w6k_64) = random_k(&mut rng, out_k, inner_k, KQuant::Q6K);
     let x = random_f32(&mut rng, rows * inner);
     let xq = random_f32(&mut rng, rows * inner_q);
+    let xk = random_f32(&mut rng, rows * inner_k);
     let f32_values = wf.iter().map(|&v| f64::from(v)).collect();
     let bf16_values = wb.iter().map(|&b| bf16_value(b)).collect();
     let cases = [
@@ -270,6 +377,8 @@ fn parallel_chunks_match_reference_and_single_thread() {
         ("Q4_0", Matrix::Q4_0(&w40), &xq, inner_q, out_q, w40_64),
         ("Q4_1", Matrix::Q4_1(&w41), &xq, inner_q, out_q, w41_64),
         ("Q5_0", Matrix::Q5_0(&w50), &xq, inner_q, out_q, w50_64),
+        ("Q4_K", Matrix::Q4_K(&w4k), &xk, inner_k, out_k, w4k_64),
+        ("Q6_K", Matrix::Q6_K(&w6k), &xk, inner_k, out_k, w6k_64),
     ];
     for (name, w, x, inner, out, w64) in cases {
         let run = |threads: usize| {
@@ -410,6 +519,17 @@ fn shape_mismatches_are_refused_by_operand() {
     assert!(
         err.to_string()
             .contains("Q4_0 weights need inner to be a multiple of 32"),
+        "{err}"
+    );
+
+    let err = matmul_xwt(&vec![0.0; 1024], 2, 512, Matrix::Q6_K(&[0; 420]), 3, &mut y).unwrap_err();
+    let (op, want, got, msg) = shape_err(Err(err));
+    assert_eq!((op, want, got), ("w", 3 * 2 * 210, 420));
+    assert!(msg.contains("Q6_K") && msg.contains("blocks=2"), "{msg}");
+    let err = matmul_xwt(&vec![0.0; 64], 2, 32, Matrix::Q4_K(&[0; 144]), 3, &mut y).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Q4_K weights need inner to be a multiple of 256"),
         "{err}"
     );
 

@@ -144,6 +144,8 @@ impl HostKernel for CpuMatmulBlocks {
             BlockFormat::Q4_0 => Matrix::Q4_0(bytes),
             BlockFormat::Q4_1 => Matrix::Q4_1(bytes),
             BlockFormat::Q5_0 => Matrix::Q5_0(bytes),
+            BlockFormat::Q4_K => Matrix::Q4_K(bytes),
+            BlockFormat::Q6_K => Matrix::Q6_K(bytes),
         };
         tlaloc_kernels::matmul_xwt(x, rows, inner, w, out, y).map_err(|e| e.to_string())
     }
@@ -179,6 +181,13 @@ mod tests {
             (BlockFormat::Q5_0, tlaloc_kernels::Q5_0_BLOCK_BYTES),
         ] {
             assert_eq!(q.block_elements(), tlaloc_kernels::Q4_BLOCK_ELEMS, "{q}");
+            assert_eq!(q.block_bytes(), bytes, "{q}");
+        }
+        for (q, bytes) in [
+            (BlockFormat::Q4_K, tlaloc_kernels::Q4_K_BLOCK_BYTES),
+            (BlockFormat::Q6_K, tlaloc_kernels::Q6_K_BLOCK_BYTES),
+        ] {
+            assert_eq!(q.block_elements(), tlaloc_kernels::K_BLOCK_ELEMS, "{q}");
             assert_eq!(q.block_bytes(), bytes, "{q}");
         }
     }

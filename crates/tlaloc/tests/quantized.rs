@@ -1,14 +1,18 @@
-//! GGUF Q8_0, Q4_0, Q4_1 and Q5_0 weights kept quantized, end to end on every test plugin. The tiny
-//! Llama fixture's f32 weights are quantized to each by a scalar llama.cpp quantizer here (matrices only, Q and
-//! K rows permuted as llama.cpp's converter writes them) into a GGUF, which is exported twice:
-//! dequantized at export (f32, the reference) and with `keep_quantized` plus the `cpu` variant.
+//! GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K weights kept quantized, end to end on every test
+//! plugin. The tiny Llama fixture's f32 weights are quantized to each 32-element format by a
+//! scalar llama.cpp quantizer here (matrices only, Q and K rows permuted as llama.cpp's converter
+//! writes them) into a GGUF; the K-quants, whose rows are 256-element super-blocks, get a
+//! Llama of that width with random valid Q4_K projections and a Q6_K embedding and LM head.
+//! Each GGUF is exported twice: dequantized at export (f32, the reference) and with
+//! `keep_quantized` plus the `cpu` variant.
 //!
 //! The kept blocks dequantize to exactly the f32 artifact's weights (`d * code` is exact in
-//! f32, Q4_1's `+ m` rounds once in both, and the Q/K row permutation moves whole rows of blocks), so the portable body (which
+//! f32, Q4_1's `+ m` and Q4_K's `- dmin * mn` round once in all three, and the Q/K row
+//! permutation moves whole rows of blocks), so the portable body (which
 //! dequantizes in the graph) and the `cpu` variant (whose kernel reads the blocks) compute the
 //! f32 artifact's function with the same products; only the order of the f32 sums differs. Each
-//! dot of length `K <= 128` then differs by at most `2 γ_K Σ|x w|` (`γ_K = K u / (1 - K u)`,
-//! `u = 2^-24`, about `1.5e-5 Σ|x w|`), and through two layers, the norms and the log-softmax
+//! dot of length `K <= 512` then differs by at most `2 γ_K Σ|x w|` (`γ_K = K u / (1 - K u)`,
+//! `u = 2^-24`, about `6e-5 Σ|x w|`), and through two layers, the norms and the log-softmax
 //! that stays well inside the relative logprob tolerance below, which is the one the engine's
 //! other float-order comparisons use.
 
@@ -16,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 use tlaloc_artifact::kernels::{
-    CPU_MATMUL_Q4_0, CPU_MATMUL_Q4_1, CPU_MATMUL_Q5_0, CPU_MATMUL_Q8_0,
+    CPU_MATMUL_Q4_0, CPU_MATMUL_Q4_1, CPU_MATMUL_Q4_K, CPU_MATMUL_Q5_0, CPU_MATMUL_Q6_K,
+    CPU_MATMUL_Q8_0,
 };
 use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
 use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
@@ -35,6 +40,8 @@ const Q8_0_TYPE: u32 = 8;
 const Q4_0_TYPE: u32 = 2;
 const Q4_1_TYPE: u32 = 3;
 const Q5_0_TYPE: u32 = 6;
+const Q4_K_TYPE: u32 = 12;
+const Q6_K_TYPE: u32 = 14;
 const F32_TYPE: u32 = 0;
 
 fn workspace_root() -> PathBuf {
@@ -269,6 +276,63 @@ fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
     out
 }
 
+/// Scalar Q4_K dequantization from llama.cpp's `dequantize_row_q4_K`, element by element:
+/// sub-block `j = e / 32` has the 6-bit pair of `get_scale_min_k4(j)`, its code is nibble `j % 2`
+/// of byte `32 (j / 2) + e % 32`, and the element is `(d * sc) * code - dmin * mn` in f32.
+fn dequantize_q4_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 144 * 256);
+    for block in bytes.chunks_exact(144) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let dmin = f16::from_le_bytes([block[2], block[3]]).to_f32();
+        let (s, qs) = (&block[4..16], &block[16..]);
+        for e in 0..256 {
+            let j = e / 32;
+            let (sc, mn) = if j < 4 {
+                (s[j] & 63, s[j + 4] & 63)
+            } else {
+                (
+                    (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+                    (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                )
+            };
+            let q = (qs[32 * (j / 2) + e % 32] >> (4 * (j % 2))) & 0xF;
+            out.push(d * f32::from(sc) * f32::from(q) - dmin * f32::from(mn));
+        }
+    }
+    out
+}
+
+/// Scalar Q6_K dequantization from llama.cpp's `dequantize_row_q6_K`, element by element:
+/// element `e = 128 h + r` has the low nibble `ql[64 h + r % 64] >> 4 (r / 64)` and the high bits
+/// `qh[32 h + r % 32] >> 2 (r / 32)`, and is `(d * scales[e / 16]) * (code - 32)` in f32.
+fn dequantize_q6_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 210 * 256);
+    for block in bytes.chunks_exact(210) {
+        let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
+        let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
+        for e in 0..256 {
+            let (h, r) = (e / 128, e % 128);
+            let low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
+            let high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+            let code = i32::from(low | (high << 4)) - 32;
+            out.push(d * f32::from(scales[e / 16] as i8) * code as f32);
+        }
+    }
+    out
+}
+
+/// The dequantized f32 values of `format` blocks.
+fn dequantize(format: BlockFormat, bytes: &[u8]) -> Vec<f32> {
+    match format {
+        BlockFormat::Q8_0 => dequantize_q8_0(bytes),
+        BlockFormat::Q4_0 => dequantize_q4_0(bytes),
+        BlockFormat::Q4_1 => dequantize_q4_1(bytes),
+        BlockFormat::Q5_0 => dequantize_q5_0(bytes),
+        BlockFormat::Q4_K => dequantize_q4_k(bytes),
+        BlockFormat::Q6_K => dequantize_q6_k(bytes),
+    }
+}
+
 /// llama.cpp's `permute(w, n_head)` of a `[rows, cols]` tensor: within each head the rows
 /// `(2, dim)` are written as `(dim, 2)`.
 fn llama_permute(values: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
@@ -327,6 +391,9 @@ fn tiny_gguf(dir: &Path, format: BlockFormat) -> PathBuf {
                 BlockFormat::Q4_0 => (Q4_0_TYPE, quantize_q4_0(&values)),
                 BlockFormat::Q4_1 => (Q4_1_TYPE, quantize_q4_1(&values)),
                 BlockFormat::Q5_0 => (Q5_0_TYPE, quantize_q5_0(&values)),
+                BlockFormat::Q4_K | BlockFormat::Q6_K => {
+                    unreachable!("the fixture's rows are not 256-element super-blocks")
+                }
             }
         } else {
             (
@@ -338,6 +405,123 @@ fn tiny_gguf(dir: &Path, format: BlockFormat) -> PathBuf {
     }
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("tiny-{format}.gguf"));
+    std::fs::write(&path, w.finish()).unwrap();
+    path
+}
+
+/// A deterministic byte stream for random blocks.
+struct Lcg(u64);
+
+impl Lcg {
+    fn byte(&mut self) -> u8 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 56) as u8
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.byte()).collect()
+    }
+    /// An f16 `scale * (1 + b / 256)`, `b` a random byte.
+    fn f16_near(&mut self, scale: f32) -> [u8; 2] {
+        f16::from_f32(scale * (1.0 + f32::from(self.byte()) / 256.0)).to_le_bytes()
+    }
+}
+
+/// Random Q4_K blocks for `elements` weights: `d` about 4e-4 and `dmin` about 7.5 `d` (so a
+/// sub-block's codes centre near zero when its scale and min are alike), every scale, min and
+/// code random; weights of magnitude about 0.1.
+fn random_q4_k(rng: &mut Lcg, elements: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(elements / 256 * 144);
+    for _ in 0..elements / 256 {
+        out.extend(rng.f16_near(4e-4));
+        out.extend(rng.f16_near(3e-3));
+        out.extend(rng.bytes(12 + 128));
+    }
+    out
+}
+
+/// Random Q6_K blocks for `elements` weights: `d` about 7e-5, every code and `i8` scale random;
+/// weights of magnitude about 0.1.
+fn random_q6_k(rng: &mut Lcg, elements: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(elements / 256 * 210);
+    for _ in 0..elements / 256 {
+        out.extend(rng.bytes(128 + 64 + 16));
+        out.extend(rng.f16_near(7e-5));
+    }
+    out
+}
+
+/// A one-layer Llama of K-quant width (hidden 256, 4 heads of 64, 2 K/V heads, MLP 512, vocab
+/// 512) as a llama.cpp GGUF: random Q4_K projections, a Q6_K embedding and LM head, f32 norms.
+fn k_quant_gguf(dir: &Path) -> PathBuf {
+    let (hidden, heads, kv_heads, head_dim, mlp, vocab) = (256, 4, 2, 64, 512, 512);
+    let mut w = GgufWriter::new("llama");
+    for (k, v) in [
+        ("embedding_length", hidden),
+        ("feed_forward_length", mlp),
+        ("block_count", 1),
+        ("attention.head_count", heads),
+        ("attention.head_count_kv", kv_heads),
+        ("attention.key_length", head_dim),
+        ("context_length", 256),
+    ] {
+        w.u32(&format!("llama.{k}"), v as u32);
+    }
+    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    w.f32("llama.rope.freq_base", 10_000.0);
+    w.string("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..vocab).map(|i| format!("t{i}")).collect();
+    w.strings("tokenizer.ggml.tokens", &tokens);
+    w.strings("tokenizer.ggml.merges", &[]);
+    let mut rng = Lcg(0x4b5f_7175_616e_7473);
+    let norm = |rng: &mut Lcg, n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| (1.0 + (f32::from(rng.byte()) - 128.0) / 1024.0).to_le_bytes())
+            .collect()
+    };
+    for role in [TensorRole::Embedding, TensorRole::LmHead] {
+        let data = random_q6_k(&mut rng, vocab * hidden);
+        w.tensor(&role.gguf_name(), &[vocab, hidden], Q6_K_TYPE, data);
+    }
+    let data = norm(&mut rng, hidden);
+    w.tensor(
+        &TensorRole::FinalNorm.gguf_name(),
+        &[hidden],
+        F32_TYPE,
+        data,
+    );
+    let q_out = heads * head_dim;
+    let kv_out = kv_heads * head_dim;
+    for (role, dims) in [
+        (LayerRole::Q, [q_out, hidden]),
+        (LayerRole::K, [kv_out, hidden]),
+        (LayerRole::V, [kv_out, hidden]),
+        (LayerRole::O, [hidden, q_out]),
+        (LayerRole::Gate, [mlp, hidden]),
+        (LayerRole::Up, [mlp, hidden]),
+        (LayerRole::Down, [hidden, mlp]),
+    ] {
+        let data = random_q4_k(&mut rng, dims[0] * dims[1]);
+        w.tensor(
+            &TensorRole::Layer(0, role).gguf_name(),
+            &dims,
+            Q4_K_TYPE,
+            data,
+        );
+    }
+    for role in [LayerRole::AttnNorm, LayerRole::MlpNorm] {
+        let data = norm(&mut rng, hidden);
+        w.tensor(
+            &TensorRole::Layer(0, role).gguf_name(),
+            &[hidden],
+            F32_TYPE,
+            data,
+        );
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("k-quants.gguf");
     std::fs::write(&path, w.finish()).unwrap();
     path
 }
@@ -420,14 +604,41 @@ fn q5_0_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plug
     check_kept_quantized(BlockFormat::Q5_0, CPU_MATMUL_Q5_0);
 }
 
+/// Q4_K's `(d * sc) * code - dmin * mn` rounds once in f32, Q6_K's product is exact: the kept
+/// projections (Q4_K) and embedding and LM head (Q6_K) run as the artifact dequantized at export.
+#[test]
+fn q4_k_and_q6_k_weights_kept_quantized_run_as_the_dequantized_f32_artifact_on_every_plugin() {
+    let gguf = k_quant_gguf(&scratch("k-quants-gguf"));
+    let format_of = |slot: &str| {
+        if slot.starts_with("layers.") {
+            BlockFormat::Q4_K
+        } else {
+            BlockFormat::Q6_K
+        }
+    };
+    check_kept(
+        &gguf,
+        "k-quants",
+        &format_of,
+        &[CPU_MATMUL_Q4_K, CPU_MATMUL_Q6_K],
+    );
+}
+
 fn check_kept_quantized(format: BlockFormat, kernel: &str) {
     let gguf = tiny_gguf(&scratch(&format!("{format}-gguf")), format);
-    let dense = export_tiny(&gguf, &format!("{format}-dense"), false);
-    let kept = export_tiny(&gguf, &format!("{format}-kept"), true);
+    check_kept(&gguf, &format.to_string(), &|_| format, &[kernel]);
+}
 
-    // The manifest: every matrix names its format, keeps its logical dims and stores 34 (Q8_0),
-    // 18 (Q4_0), 20 (Q4_1) or 22 (Q5_0) bytes per 32 elements; the blocks dequantize to the dense artifact's f32
-    // weights bit for bit.
+/// Exports `gguf` dense and kept and checks that every matrix slot is kept in
+/// `format_of(slot)`, that the entries' variants call `kernels`, and that the kept artifact's
+/// portable body and `cpu` variant run as the dense artifact on every plugin.
+fn check_kept(gguf: &Path, name: &str, format_of: &dyn Fn(&str) -> BlockFormat, kernels: &[&str]) {
+    let dense = export_tiny(gguf, &format!("{name}-dense"), false);
+    let kept = export_tiny(gguf, &format!("{name}-kept"), true);
+
+    // The manifest: every matrix names its format, keeps its logical dims and stores the
+    // format's bytes per block; the blocks dequantize to the dense artifact's f32 weights bit
+    // for bit.
     let dense_artifact = Artifact::open(&dense).unwrap();
     let kept_artifact = Artifact::open(&kept).unwrap();
     let (dm, km) = (dense_artifact.manifest(), kept_artifact.manifest());
@@ -444,18 +655,23 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
         let bytes = kept_artifact.weight_bytes(&k.slot).unwrap();
         if k.dims.len() == 2 && !k.slot.starts_with("rope.") {
             blocked += 1;
+            let format = format_of(&k.slot);
             assert_eq!(k.block_format, Some(format), "{}", k.slot);
             assert_eq!(k.dtype, Dtype::U8, "{}", k.slot);
             let elements: usize = k.dims.iter().product();
-            let (block_bytes, got) = match format {
-                BlockFormat::Q8_0 => (34, dequantize_q8_0(&bytes)),
-                BlockFormat::Q4_0 => (18, dequantize_q4_0(&bytes)),
-                BlockFormat::Q4_1 => (20, dequantize_q4_1(&bytes)),
-                BlockFormat::Q5_0 => (22, dequantize_q5_0(&bytes)),
+            // llama.cpp's sizes: 34, 18, 20, 22 bytes per 32 elements; 144, 210 per 256.
+            let (block_elements, block_bytes) = match format {
+                BlockFormat::Q8_0 => (32, 34),
+                BlockFormat::Q4_0 => (32, 18),
+                BlockFormat::Q4_1 => (32, 20),
+                BlockFormat::Q5_0 => (32, 22),
+                BlockFormat::Q4_K => (256, 144),
+                BlockFormat::Q6_K => (256, 210),
             };
+            let got = dequantize(format, &bytes);
             assert_eq!(
                 k.byte_length as usize,
-                elements / 32 * block_bytes,
+                elements / block_elements * block_bytes,
                 "{}",
                 k.slot
             );
@@ -475,24 +691,24 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
     assert_eq!(blocked, 2 + 4 * km.model.num_layers);
     // The signature's operand is the raw bytes; the variant calls only `kernel`.
     let qkv = km.weight("layers.0.qkv_proj").unwrap();
+    let format = format_of(&qkv.slot);
     assert_eq!(
         qkv.operand().unwrap(),
         (
             Dtype::U8,
-            vec![qkv.dims[0], qkv.dims[1] / 32 * format.block_bytes()]
+            vec![
+                qkv.dims[0],
+                qkv.dims[1] / format.block_elements() * format.block_bytes()
+            ]
         )
     );
+    let kernels: Vec<String> = kernels.iter().map(|k| k.to_string()).collect();
     for entry in &km.entries {
         assert_eq!(entry.variants.len(), 1, "{}", entry.name);
-        assert_eq!(
-            entry.variants[0].kernels,
-            vec![kernel.to_owned()],
-            "{}",
-            entry.name
-        );
+        assert_eq!(entry.variants[0].kernels, kernels, "{}", entry.name);
     }
 
-    let cache = scratch(&format!("{format}-compile-cache"));
+    let cache = scratch(&format!("{name}-compile-cache"));
     let prompts: Vec<Vec<u32>> = vec![
         vec![1, 17, 230, 5, 99],
         (0..23).map(|i| (i * 37 + 11) % 512).collect(),
@@ -584,11 +800,12 @@ fn smollm2_with_its_q4_1_blocks_kept_reproduces_the_transformers_goldens() {
     assert_goldens(&dir, &cases, "smollm2-kept-compile-cache");
 }
 
-/// Gemma 3 270M's Q4_K_M GGUF exported with its Q5_0 and Q8_0 matrices kept as blocks (its
-/// Q4_K and Q6_K ones are dequantized at export): on every plugin, the portable body and the
-/// `cpu` variant give transformers' greedy ids for the golden's short cases.
+/// Gemma 3 270M's Q4_K_M GGUF exported with its matrices kept as blocks (Q5_0 and Q8_0 where a
+/// row is not whole 256-element super-blocks, Q4_K and Q6_K where it is): on every plugin, the
+/// portable body and the `cpu` variant give transformers' greedy ids for the golden's short
+/// cases.
 #[test]
-fn gemma3_with_its_q5_0_and_q8_0_blocks_kept_reproduces_the_transformers_goldens() {
+fn gemma3_with_its_q4_k_q6_k_q5_0_and_q8_0_blocks_kept_reproduces_the_transformers_goldens() {
     let gguf = workspace_root().join(".tlaloc/models/gemma-3-270m-q4_k_m.gguf");
     assert!(
         gguf.is_file(),
@@ -604,7 +821,14 @@ fn gemma3_with_its_q5_0_and_q8_0_blocks_kept_reproduces_the_transformers_goldens
             .filter(|w| w.block_format == Some(format))
             .count()
     };
-    assert!(kept(BlockFormat::Q5_0) > 0 && kept(BlockFormat::Q8_0) > 0);
+    for format in [
+        BlockFormat::Q4_K,
+        BlockFormat::Q6_K,
+        BlockFormat::Q5_0,
+        BlockFormat::Q8_0,
+    ] {
+        assert!(kept(format) > 0, "no {format} matrix kept");
+    }
     let golden = goldens("gemma-3-270m");
     let cases: Vec<&serde_json::Value> = golden["cases"]
         .as_array()

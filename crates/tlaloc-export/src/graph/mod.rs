@@ -46,8 +46,12 @@
 //! is dequantized the same way, its codes the low then the high nibbles of its 16 code bytes
 //! minus 8; a Q4_1 matrix (`[out, in / 32 * 20]`) likewise, each code times `d` plus `m`; a
 //! Q5_0 matrix (`[out, in / 32 * 22]`) as Q4_0, with bit `e` of its 32-bit `qh` as bit 4 of
-//! element `e` and 16 subtracted. The `cpu` variant passes them to `tlaloc.cpu.matmul_q4_0`,
-//! `_q4_1` and `_q5_0` as Q8_0's.
+//! element `e` and 16 subtracted. A Q4_K matrix (`[out, in / 256 * 144]`) unpacks its eight
+//! 6-bit (scale, min) pairs per super-block with shifts and masks and is `(d * sc) * code -
+//! dmin * mn` per 32-element sub-block; a Q6_K matrix (`[out, in / 256 * 210]`) joins each low
+//! nibble with its two high bits and is `(d * scale) * (code - 32)` per 16-element sub-block
+//! (`Graph::dequantize_q4_k`, `Graph::dequantize_q6_k`). The `cpu` variant passes them to
+//! `tlaloc.cpu.matmul_q4_0`, `_q4_1`, `_q5_0`, `_q4_k` and `_q6_k` as Q8_0's.
 //!
 //! Quantized K/V pools (`i8`, `f8E4M3FN`; the layout is `tlaloc_artifact::KvCacheLayout`'s).
 //! The K/V write quantizes each new token's row of each KV head on its own: `s = absmax / M`
@@ -490,9 +494,172 @@ impl Graph {
                     }
                 }
             }
+            BlockFormat::Q4_K => self.dequantize_q4_k(w, rows, blocks)?,
+            BlockFormat::Q6_K => self.dequantize_q6_k(w, rows, blocks)?,
         };
         let values = self.f.reshape(values, [rows, inner])?;
         self.in_dtype(values, self.matrix)
+    }
+
+    /// Q4_K super-blocks `w [R, blocks * 144]` as f32 `[R, blocks, 8, 32]` (sub-blocks of 32):
+    /// `d` and `dmin` from bytes 0..4 (f16 bitcasts), the eight 6-bit (scale, min) pairs
+    /// unpacked from bytes 4..16 as `BlockFormat::Q4_K` says, and the codes of sub-block `j`
+    /// the low (`j` even) or high nibbles of code bytes `32 (j / 2) ..`. Each element is
+    /// `(d * sc) * code - dmin * mn`: exact products, one rounding, as the exporter's
+    /// dequantization and the CPU kernel compute it.
+    fn dequantize_q4_k(&mut self, w: Value, rows: usize, blocks: usize) -> Result<Value, HloError> {
+        use tlaloc_artifact::quant::{
+            K_SUPER_BLOCK_ELEMENTS, Q4_K_SCALES_BYTES, Q4_K_SUB_BLOCK_ELEMENTS, SCALE_BYTES,
+        };
+        let bytes = BlockFormat::Q4_K.block_bytes();
+        let subs = K_SUPER_BLOCK_ELEMENTS / Q4_K_SUB_BLOCK_ELEMENTS;
+        let w = self.f.reshape(w, [rows, blocks, bytes])?;
+        let f16_at = |g: &mut Graph, at: usize| -> Result<Value, HloError> {
+            let v =
+                g.f.slice(w, [0, 0, at], [rows, blocks, at + SCALE_BYTES], [1, 1, 1])?;
+            let v = g.f.bitcast_convert(v, ScalarType::F16)?;
+            let v = g.f.convert(v, ScalarType::F32)?;
+            g.f.broadcast_in_dim(v, [rows, blocks, subs], [0, 1])
+        };
+        let d = f16_at(self, 0)?;
+        let dmin = f16_at(self, SCALE_BYTES)?;
+        // The scale bytes as three groups a, b, c of four (llama.cpp's get_scale_min_k4).
+        let head = 2 * SCALE_BYTES;
+        let group = Q4_K_SCALES_BYTES / 3;
+        let packed = self.f.slice(
+            w,
+            [0, 0, head],
+            [rows, blocks, head + Q4_K_SCALES_BYTES],
+            [1, 1, 1],
+        )?;
+        let packed = self.f.reshape(packed, [rows, blocks, 3, group])?;
+        let quad = [rows, blocks, group];
+        let mut groups = Vec::with_capacity(3);
+        for k in 0..3 {
+            let g = self.f.slice(
+                packed,
+                [0, 0, k, 0],
+                [rows, blocks, k + 1, group],
+                [1, 1, 1, 1],
+            )?;
+            groups.push(self.f.reshape(g, quad)?);
+        }
+        let (a, b, c) = (groups[0], groups[1], groups[2]);
+        let u8s = |g: &mut Graph, v: u8| g.f.splat(Scalar::U8(v), quad);
+        let (six_bits, nibble) = (u8s(self, 63)?, u8s(self, 15)?);
+        let (four, six) = (u8s(self, 4)?, u8s(self, 6)?);
+        // Pair j < 4: (a & 63, b & 63); pair j + 4: ((c & 15) | (a >> 6) << 4,
+        // (c >> 4) | (b >> 6) << 4).
+        let top = |g: &mut Graph, v: Value| -> Result<Value, HloError> {
+            let t = g.f.shift_right_logical(v, six)?;
+            g.f.shift_left(t, four)
+        };
+        let sc_low = self.f.and(a, six_bits)?;
+        let c_low = self.f.and(c, nibble)?;
+        let a_top = top(self, a)?;
+        let sc_high = self.f.or(c_low, a_top)?;
+        let mn_low = self.f.and(b, six_bits)?;
+        let c_high = self.f.shift_right_logical(c, four)?;
+        let b_top = top(self, b)?;
+        let mn_high = self.f.or(c_high, b_top)?;
+        let sc = self.f.concatenate(&[sc_low, sc_high], 2)?;
+        let mn = self.f.concatenate(&[mn_low, mn_high], 2)?;
+        let sc = self.f.convert(sc, ScalarType::F32)?;
+        let mn = self.f.convert(mn, ScalarType::F32)?;
+        let scale = self.f.mul(d, sc)?;
+        let min = self.f.mul(dmin, mn)?;
+        // Code bytes [4 pairs of sub-blocks, 32]: low nibbles then high nibbles of each.
+        let half = Q4_K_SUB_BLOCK_ELEMENTS;
+        let qs = self.f.slice(
+            w,
+            [0, 0, head + Q4_K_SCALES_BYTES],
+            [rows, blocks, bytes],
+            [1, 1, 1],
+        )?;
+        let qs_dims = [rows, blocks, subs / 2, 1, half];
+        let qs = self.f.reshape(qs, qs_dims)?;
+        let mask = self.f.splat(Scalar::U8(0x0F), qs_dims)?;
+        let shift = self.f.splat(Scalar::U8(4), qs_dims)?;
+        let low = self.f.and(qs, mask)?;
+        let high = self.f.shift_right_logical(qs, shift)?;
+        let codes = self.f.concatenate(&[low, high], 3)?;
+        let dims = [rows, blocks, subs, half];
+        let codes = self.f.reshape(codes, dims)?;
+        let codes = self.f.convert(codes, ScalarType::F32)?;
+        let scale = self.f.broadcast_in_dim(scale, dims, [0, 1, 2])?;
+        let min = self.f.broadcast_in_dim(min, dims, [0, 1, 2])?;
+        let scaled = self.f.mul(codes, scale)?;
+        self.f.sub(scaled, min)
+    }
+
+    /// Q6_K super-blocks `w [R, blocks * 210]` as f32 `[R, blocks, 16, 16]` (sub-blocks of 16):
+    /// element `128 h + 32 q + l` takes the low nibble of `ql[64 h + 32 (q % 2) + l]` (`q < 2`)
+    /// or its high nibble (`q >= 2`) and bits `2q, 2q + 1` of `qh[32 h + l]` as bits 4 and 5,
+    /// as `BlockFormat::Q6_K` says; it is `(d * scale) * (code - 32)`, exact in f32.
+    fn dequantize_q6_k(&mut self, w: Value, rows: usize, blocks: usize) -> Result<Value, HloError> {
+        use tlaloc_artifact::quant::{
+            K_SUPER_BLOCK_ELEMENTS, Q6_K_CODE_OFFSET, Q6_K_SUB_BLOCK_ELEMENTS, SCALE_BYTES,
+        };
+        let bytes = BlockFormat::Q6_K.block_bytes();
+        let n = K_SUPER_BLOCK_ELEMENTS;
+        let (ql_end, qh_end) = (n / 2, n / 2 + n / 4);
+        let subs = n / Q6_K_SUB_BLOCK_ELEMENTS;
+        let scales_end = qh_end + subs;
+        let w = self.f.reshape(w, [rows, blocks, bytes])?;
+        // ql as [half h, 1, q % 2, l]; its low then high nibbles stacked on the unit axis give
+        // [h, q / 2, q % 2, l], which is [h, q, l] in element order.
+        let lanes = 32;
+        let ql = self
+            .f
+            .slice(w, [0, 0, 0], [rows, blocks, ql_end], [1, 1, 1])?;
+        let ql_dims = [rows, blocks, 2, 1, 2, lanes];
+        let ql = self.f.reshape(ql, ql_dims)?;
+        let mask = self.f.splat(Scalar::U8(0x0F), ql_dims)?;
+        let four = self.f.splat(Scalar::U8(4), ql_dims)?;
+        let low = self.f.and(ql, mask)?;
+        let high = self.f.shift_right_logical(ql, four)?;
+        let nibbles = self.f.concatenate(&[low, high], 3)?;
+        let dims = [rows, blocks, 2, 4, lanes];
+        let nibbles = self.f.reshape(nibbles, dims)?;
+        // qh [h, l], broadcast over q and shifted right by 2q: bits 0, 1 are element (h, q, l)'s.
+        let qh = self
+            .f
+            .slice(w, [0, 0, ql_end], [rows, blocks, qh_end], [1, 1, 1])?;
+        let qh = self.f.reshape(qh, [rows, blocks, 2, lanes])?;
+        let qh = self.f.broadcast_in_dim(qh, dims, [0, 1, 2, 4])?;
+        let q = self
+            .f
+            .iota(TensorType::new(ScalarType::U8, dims.to_vec()), 3)?;
+        let one = self.f.splat(Scalar::U8(1), dims)?;
+        let shift = self.f.shift_left(q, one)?;
+        let bits = self.f.shift_right_logical(qh, shift)?;
+        let two_bits = self.f.splat(Scalar::U8(3), dims)?;
+        let bits = self.f.and(bits, two_bits)?;
+        let four = self.f.splat(Scalar::U8(4), dims)?;
+        let bits = self.f.shift_left(bits, four)?;
+        let codes = self.f.or(nibbles, bits)?;
+        let codes = self.f.convert(codes, ScalarType::F32)?;
+        let offset = self.f.full(&f32_ty(&dims), f64::from(Q6_K_CODE_OFFSET))?;
+        let codes = self.f.sub(codes, offset)?;
+        let out = [rows, blocks, subs, Q6_K_SUB_BLOCK_ELEMENTS];
+        let codes = self.f.reshape(codes, out)?;
+        let scales = self
+            .f
+            .slice(w, [0, 0, qh_end], [rows, blocks, scales_end], [1, 1, 1])?;
+        let scales = self.f.bitcast_convert(scales, ScalarType::I8)?;
+        let scales = self.f.convert(scales, ScalarType::F32)?;
+        let d = self.f.slice(
+            w,
+            [0, 0, scales_end],
+            [rows, blocks, scales_end + SCALE_BYTES],
+            [1, 1, 1],
+        )?;
+        let d = self.f.bitcast_convert(d, ScalarType::F16)?;
+        let d = self.f.convert(d, ScalarType::F32)?;
+        let d = self.f.broadcast_in_dim(d, [rows, blocks, subs], [0, 1])?;
+        let scale = self.f.mul(d, scales)?;
+        let scale = self.f.broadcast_in_dim(scale, out, [0, 1, 2])?;
+        self.f.mul(codes, scale)
     }
 
     /// Rows of the embedding `[vocab, hidden]` at `ids [N]`, in the matrix dtype: a

@@ -85,7 +85,7 @@ pub struct ExportArgs {
     /// Body variants to add beside each entry's portable body (repeatable or a comma list).
     #[arg(long, value_enum, value_delimiter = ',')]
     variants: Vec<VariantArg>,
-    /// Keep GGUF Q8_0, Q4_0, Q4_1 and Q5_0 matrix weights as their blocks (dequantized in the
+    /// Keep GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K matrix weights as their blocks (dequantized in the
     /// portable body's graph; read as they are by the CPU variant's kernels in an f32 export)
     /// instead of dequantizing them at export.
     #[arg(long)]
