@@ -632,6 +632,21 @@ impl HasActs for Q8Dot<'_> {
     }
 }
 
+/// Each accumulator's lanes summed: the dot of its row pair.
+#[inline(always)]
+fn reduce_all<S: Simd, const R: usize, const W: usize>(
+    simd: S,
+    acc: &[[S::f32s; W]; R],
+) -> [[f32; W]; R] {
+    core::array::from_fn(|r| core::array::from_fn(|i| simd.reduce_sum_f32s(acc[r][i])))
+}
+
+/// The little-endian f16 at byte `at` of `blk`, as f32.
+#[inline(always)]
+fn f16_at(blk: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]))
+}
+
 /// IEEE half (binary16) bits to f32, exactly (every f16 is an f32).
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let sign = u32::from(h >> 15) << 31;
@@ -655,8 +670,7 @@ impl Q8Dot<'_> {
     #[inline(always)]
     fn block(&self, o: usize, b: usize) -> (f32, &[u8]) {
         let blk = &self.w[o * self.row_bytes + b * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
-        let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-        (d, &blk[2..])
+        (f16_at(blk, 0), &blk[2..])
     }
 
     /// Where the dispatcher's SIMD type cannot hold the byte trick (the scalar fallback).
@@ -737,13 +751,7 @@ impl Dot for Q8Dot<'_> {
                 }
             }
         }
-        let mut res = [[0.0f32; W]; R];
-        for r in 0..R {
-            for i in 0..W {
-                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
-            }
-        }
-        res
+        reduce_all(simd, &acc)
     }
 }
 
@@ -826,7 +834,7 @@ impl<'a> Q4Dot<'a> {
     #[inline(always)]
     fn block(&self, o: usize, b: usize) -> NibbleBlock<'_> {
         let blk = &self.w[o * self.row_bytes + b * self.block_bytes..][..self.block_bytes];
-        let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]));
+        let f16 = |at: usize| f16_at(blk, at);
         NibbleBlock {
             d: f16(0),
             m: if self.format == Nibbles::Q4_1 {
@@ -974,13 +982,7 @@ impl Dot for Q4Dot<'_> {
                 }
             }
         }
-        let mut res = [[0.0f32; W]; R];
-        for r in 0..R {
-            for i in 0..W {
-                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
-            }
-        }
-        res
+        reduce_all(simd, &acc)
     }
 }
 
@@ -1004,7 +1006,7 @@ impl Super {
     /// The 256 weights of super-block `blk`, as the dequantized matrix holds them.
     #[inline(always)]
     fn decode(self, blk: &[u8], w: &mut [f32; K_BLOCK_ELEMS]) {
-        let f16 = |at: usize| f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]));
+        let f16 = |at: usize| f16_at(blk, at);
         match self {
             Super::Q4K => {
                 let (d, dmin) = (f16(0), f16(2));
@@ -1142,13 +1144,7 @@ impl Dot for KDot<'_> {
                 }
             }
         }
-        let mut res = [[0.0f32; W]; R];
-        for r in 0..R {
-            for i in 0..W {
-                res[r][i] = simd.reduce_sum_f32s(acc[r][i]);
-            }
-        }
-        res
+        reduce_all(simd, &acc)
     }
 }
 
