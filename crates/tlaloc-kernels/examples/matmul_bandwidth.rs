@@ -2,7 +2,8 @@
 //!
 //! `cargo run --release -p tlaloc-kernels --example matmul_bandwidth [-- --quick] [-- --dtype bf16]`
 //!
-//! `--quick` measures f32 only; `--dtype` one of `f32`, `bf16`, `q8_0`, `q4_0`, `q4_1`.
+//! `--quick` measures f32 only; `--dtype` one of `f32`, `bf16`, `q8_0`, `q4_0`, `q4_1`; `--int8`
+//! runs `matmul_xwt_int8` (activations rounded to 8-bit codes) on the Q8_0, Q4_0 and Q4_1 shapes.
 //!
 //! Each shape is measured cold: enough copies of the matrix are cycled through (at least 256 MiB)
 //! that every call streams its weights from memory, not from cache, as a decode step does. GB/s
@@ -17,8 +18,27 @@
 //! Linux's `/proc/self/task/*/schedstat`, over wall time × threads; blank elsewhere).
 
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tlaloc_kernels::{Matrix, matmul_xwt};
+use tlaloc_kernels::{KernelError, Matrix, matmul_xwt, matmul_xwt_int8};
+
+/// Set by `--int8`: every call goes to `matmul_xwt_int8`.
+static INT8: AtomicBool = AtomicBool::new(false);
+
+fn matmul(
+    x: &[f32],
+    rows: usize,
+    inner: usize,
+    w: Matrix<'_>,
+    out: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    if INT8.load(Ordering::Relaxed) {
+        matmul_xwt_int8(x, rows, inner, w, out, y)
+    } else {
+        matmul_xwt(x, rows, inner, w, out, y)
+    }
+}
 
 const HIDDEN: usize = 576;
 const INTERMEDIATE: usize = 1536;
@@ -152,7 +172,7 @@ fn time_calls(mats: &[Store], rows: usize, out: usize, inner: usize) -> Duration
     let mut pass = || {
         let t = Instant::now();
         for m in mats {
-            matmul_xwt(&x, rows, inner, m.matrix(), out, &mut y).expect("shapes are consistent");
+            matmul(&x, rows, inner, m.matrix(), out, &mut y).expect("shapes are consistent");
         }
         t.elapsed() / mats.len() as u32
     };
@@ -232,11 +252,16 @@ fn main() {
         Dtype::Q4_0,
         Dtype::Q4_1,
     ];
-    let dtypes: Vec<Dtype> = match only {
+    let int8 = args.iter().any(|a| a == "--int8");
+    INT8.store(int8, Ordering::Relaxed);
+    let mut dtypes: Vec<Dtype> = match only {
         Some(name) => all.into_iter().filter(|d| d.name() == name).collect(),
         None if quick => vec![Dtype::F32],
         None => all.to_vec(),
     };
+    if int8 {
+        dtypes.retain(|d| matches!(d, Dtype::Q8_0 | Dtype::Q4_0 | Dtype::Q4_1));
+    }
     assert!(
         !dtypes.is_empty(),
         "--dtype takes f32, bf16, q8_0, q4_0 or q4_1"
@@ -312,7 +337,7 @@ fn main() {
                 let t = Instant::now();
                 for (m, out, inner) in &layers {
                     let (x, y) = (&xs[..rows * inner], &mut ys[..rows * out]);
-                    matmul_xwt(x, rows, *inner, m.matrix(), *out, y).expect("consistent");
+                    matmul(x, rows, *inner, m.matrix(), *out, y).expect("consistent");
                 }
                 t.elapsed()
             };

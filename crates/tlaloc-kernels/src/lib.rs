@@ -165,6 +165,14 @@ pub enum KernelError {
         /// The inner length given.
         inner: usize,
     },
+    /// [`matmul_xwt_int8`] given weights it has no integer dot for.
+    #[error(
+        "matmul_xwt_int8: {format} weights have no integer dot; it takes Q8_0, Q4_0 and Q4_1 (matmul_xwt takes every format)"
+    )]
+    NoIntegerPath {
+        /// The weights' format.
+        format: &'static str,
+    },
 }
 
 /// `y[n, o] = Σ_k x[n, k] · w[o, k]` (`y = x · wᵀ`): `x` is `[rows, inner]` f32, `w` is `[out, inner]`,
@@ -185,6 +193,44 @@ pub fn matmul_xwt(
     w: Matrix<'_>,
     out: usize,
     y: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul(x, rows, inner, w, out, y, false)
+}
+
+/// `y ≈ x · wᵀ` as [`matmul_xwt`], with each 32-element block of every activation row first
+/// rounded to 8-bit codes, llama.cpp's arithmetic for these formats: `scale = max|x| / 127`,
+/// `code = round_half_even(x / scale)` (an all-zero block has scale 0; a non-finite element makes
+/// its block's scale NaN), and the weight codes multiplied by the activation codes as integers,
+/// exactly, with one f32 multiply-add of `d_w · scale` per block (and Q4_1's `m · scale · Σcode`).
+///
+/// For Q8_0, Q4_0 and Q4_1 weights only ([`KernelError::NoIntegerPath`] otherwise). The rounding
+/// moves each activation by at most `scale / 2`, so against [`matmul_xwt`] each output moves by at
+/// most `Σ_blocks (scale / 2) · Σ|w|` (plus f32 rounding of the per-block terms); the integer
+/// products are about four times fewer instructions per weight than widening codes to f32.
+pub fn matmul_xwt_int8(
+    x: &[f32],
+    rows: usize,
+    inner: usize,
+    w: Matrix<'_>,
+    out: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    match w {
+        Matrix::Q8_0(_) | Matrix::Q4_0(_) | Matrix::Q4_1(_) => {
+            matmul(x, rows, inner, w, out, y, true)
+        }
+        _ => Err(KernelError::NoIntegerPath { format: w.dtype() }),
+    }
+}
+
+fn matmul(
+    x: &[f32],
+    rows: usize,
+    inner: usize,
+    w: Matrix<'_>,
+    out: usize,
+    y: &mut [f32],
+    int8: bool,
 ) -> Result<(), KernelError> {
     check_len("x", "f32", x.len(), &[("rows", rows), ("inner", inner)], 1)?;
     check_len("y", "f32", y.len(), &[("rows", rows), ("out", out)], 1)?;
@@ -212,7 +258,7 @@ pub fn matmul_xwt(
         return Ok(());
     }
 
-    let acts = simd::Activations::new(x, rows, inner, &w);
+    let acts = simd::Activations::new(x, rows, inner, &w, int8);
     let plan = Plan::new(out, w.row_bytes(inner));
 
     if rows == 1 {

@@ -52,6 +52,8 @@ use crate::{
 };
 use pulp::Simd;
 
+mod int8;
+
 /// Software prefetch of weight lines a group of rows ahead, so the memory stream keeps going while a
 /// compute-heavy block (many activation rows) runs; the hardware prefetcher alone stops short there.
 /// Through pulp's SSE token (baseline on x86-64); a no-op elsewhere.
@@ -105,6 +107,8 @@ pub(crate) struct Activations<'a> {
     q4x: Vec<f32>,
     /// The lane count `q4x` was permuted for (0: not permuted, scalar path).
     q4_lanes: usize,
+    /// For [`crate::matmul_xwt_int8`] only: the rows rounded to 8-bit codes per block.
+    int8: Option<int8::QuantizedRows>,
 }
 
 /// The f32 lane count of the SIMD type the dispatcher picks, if the Q4 pair layout fits it: each
@@ -153,7 +157,23 @@ impl pulp::WithSimd for Q8Lanes {
 }
 
 impl<'a> Activations<'a> {
-    pub(crate) fn new(x: &'a [f32], rows: usize, inner: usize, w: &Matrix<'_>) -> Self {
+    /// `int8`: round the rows to 8-bit codes for the integer dots (the caller has checked that
+    /// `w` has an integer path); no other copy is made then.
+    pub(crate) fn new(x: &'a [f32], rows: usize, inner: usize, w: &Matrix<'_>, int8: bool) -> Self {
+        if int8 {
+            return Activations {
+                x,
+                rows,
+                inner,
+                even: Vec::new(),
+                odd: Vec::new(),
+                q8x: Vec::new(),
+                q8_lanes: 0,
+                q4x: Vec::new(),
+                q4_lanes: 0,
+                int8: Some(int8::QuantizedRows::new(x, inner)),
+            };
+        }
         let (mut even, mut odd) = (Vec::new(), Vec::new());
         if let Matrix::Bf16(_) = w {
             let half = inner / 2;
@@ -206,6 +226,7 @@ impl<'a> Activations<'a> {
             q8_lanes,
             q4x,
             q4_lanes,
+            int8: None,
         }
     }
 
@@ -230,6 +251,31 @@ pub(crate) fn chunk(
     let arch = pulp::Arch::new();
     let pf = Prefetch::new();
     let inner = acts.inner;
+    if let Some(q) = &acts.int8 {
+        use int8::{IntDot, Q4_0Codes, Q4_1Codes, Q8_0Codes};
+        match *w {
+            Matrix::Q8_0(w) => arch.dispatch(Chunk {
+                dot: IntDot::<Q8_0Codes>::new(acts, q, pf, w, o0, n_out),
+                n_out,
+                tile,
+                yt,
+            }),
+            Matrix::Q4_0(w) => arch.dispatch(Chunk {
+                dot: IntDot::<Q4_0Codes>::new(acts, q, pf, w, o0, n_out),
+                n_out,
+                tile,
+                yt,
+            }),
+            Matrix::Q4_1(w) => arch.dispatch(Chunk {
+                dot: IntDot::<Q4_1Codes>::new(acts, q, pf, w, o0, n_out),
+                n_out,
+                tile,
+                yt,
+            }),
+            _ => unreachable!("matmul_xwt_int8 refuses {} before quantizing", w.dtype()),
+        }
+        return;
+    }
     match *w {
         Matrix::F32(w) => arch.dispatch(Chunk {
             dot: F32Dot {
@@ -647,22 +693,21 @@ fn f16_at(blk: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]))
 }
 
-/// IEEE half (binary16) bits to f32, exactly (every f16 is an f32).
+/// IEEE half (binary16) bits to f32, exactly (every f16 is an f32), without branches: it runs once
+/// per weight block in the inner loops. The magnitude bits placed at the top of an f32 mantissa
+/// read as `2^-112` times the half's value (subnormals included: an f32 subnormal times a power of
+/// two is exact), so one multiply by `2^112` rescales; an all-ones exponent (inf, NaN) is set
+/// apart, and the sign is copied.
+#[inline(always)]
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let mant = u32::from(h & 0x3ff);
-    let bits = match (exp, mant) {
-        (0, 0) => sign,
-        (0, _) => {
-            // Subnormal: value = mant * 2^-24, exact in f32.
-            let v = mant as f32 * f32::from_bits(0x3380_0000);
-            return if sign != 0 { -v } else { v };
-        }
-        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (mant << 13),
+    let magnitude = u32::from(h & 0x7fff) << 13;
+    let scaled = f32::from_bits(magnitude) * f32::from_bits(0x7780_0000); // 2^112
+    let bits = if h & 0x7c00 == 0x7c00 {
+        magnitude | 0x7f80_0000
+    } else {
+        scaled.to_bits()
     };
-    f32::from_bits(bits)
+    f32::from_bits(bits | (u32::from(h & 0x8000) << 16))
 }
 
 impl Q8Dot<'_> {
@@ -1302,7 +1347,7 @@ mod tests {
             let nu = inner as f64 * f64::from(f32::EPSILON) / 2.0;
             let gamma = nu / (1.0 - nu);
             for (w, w64) in cases {
-                let acts = Activations::new(&x, rows, inner, &w);
+                let acts = Activations::new(&x, rows, inner, &w, false);
                 let yt = scalar_chunk(&acts, &w, out);
                 for n in 0..rows {
                     for o in 0..out {
@@ -1376,7 +1421,7 @@ mod tests {
             (Matrix::Q4_K(&w4), w4_values),
             (Matrix::Q6_K(&w6), w6_values),
         ] {
-            let acts = Activations::new(&x, rows, inner, &w);
+            let acts = Activations::new(&x, rows, inner, &w, false);
             let yt = scalar_chunk(&acts, &w, out);
             for n in 0..rows {
                 for o in 0..out {
@@ -1399,6 +1444,25 @@ mod tests {
 
     #[test]
     fn f16_decoding() {
+        // Every half, against binary16's definition.
+        for h in 0..=u16::MAX {
+            let sign = if h >> 15 == 1 { -1.0 } else { 1.0 };
+            let (exp, mant) = (i32::from((h >> 10) & 0x1f), f64::from(h & 0x3ff));
+            let got = f16_to_f32(h);
+            match exp {
+                0x1f if mant == 0.0 => assert_eq!(got, sign as f32 * f32::INFINITY, "{h:#06x}"),
+                0x1f => assert!(got.is_nan(), "{h:#06x}"),
+                _ => {
+                    let want = if exp == 0 {
+                        sign * mant * 2f64.powi(-24)
+                    } else {
+                        sign * (1.0 + mant / 1024.0) * 2f64.powi(exp - 15)
+                    };
+                    assert_eq!(f64::from(got), want, "{h:#06x}");
+                    assert_eq!(got.is_sign_negative(), h >> 15 == 1, "{h:#06x}");
+                }
+            }
+        }
         assert_eq!(f16_to_f32(0x3c00), 1.0);
         assert_eq!(f16_to_f32(0xc000), -2.0);
         assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));

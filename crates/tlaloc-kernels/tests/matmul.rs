@@ -19,7 +19,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tlaloc_kernels::{KernelError, Matrix, matmul_xwt};
+use tlaloc_kernels::{KernelError, Matrix, matmul_xwt, matmul_xwt_int8};
 
 const ROWS: [usize; 6] = [1, 2, 3, 5, 8, 17];
 /// (inner, out): tiny, odd, just over a vector width, and a real projection width with odd out.
@@ -538,4 +538,174 @@ fn shape_mismatches_are_refused_by_operand() {
         matches!(err, KernelError::Overflow { operand: "x", .. }),
         "{err:?}"
     );
+}
+
+/// Activation block rounding as `matmul_xwt_int8` documents it, written from that definition in
+/// f32: `scale = max|x| / 127`, `code = round_half_even(x / scale)`.
+fn round_block(x: &[f32]) -> (f32, Vec<i32>) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = amax / 127.0;
+    if scale == 0.0 {
+        return (0.0, vec![0; x.len()]);
+    }
+    (
+        scale,
+        x.iter()
+            .map(|v| (v / scale).round_ties_even() as i32)
+            .collect(),
+    )
+}
+
+/// Integer reference for `matmul_xwt_int8`: per output, the exact (f64) value of
+/// `Σ_b d_w·s_b·Σ code_w·code_x (+ m_w·s_b·Σ code_x)` over the f32 scale products the kernel
+/// forms, the magnitude `Σ_b |d_w·s_b|·Σ|code_w·code_x| + |m_w·s_b·Σ code_x|` of its terms, and the
+/// rounding bound's term `Σ_b (s_b / 2)·Σ|w|` against the unrounded activations.
+fn int8_reference(
+    format: &str,
+    w: &[u8],
+    x: &[f32],
+    rows: usize,
+    inner: usize,
+    out: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let block_bytes = match format {
+        "Q8_0" => 34,
+        "Q4_0" => 18,
+        _ => 20,
+    };
+    let blocks = inner / 32;
+    let (mut y, mut mag, mut rounding) = (
+        vec![0.0; rows * out],
+        vec![0.0; rows * out],
+        vec![0.0; rows * out],
+    );
+    for n in 0..rows {
+        let rounded: Vec<(f32, Vec<i32>)> = x[n * inner..][..inner]
+            .chunks(32)
+            .map(round_block)
+            .collect();
+        for o in 0..out {
+            let at = n * out + o;
+            for (b, (s, qx)) in rounded.iter().enumerate() {
+                let blk = &w[(o * blocks + b) * block_bytes..][..block_bytes];
+                let h = |i: usize| u16::from_le_bytes([blk[i], blk[i + 1]]);
+                let d = f16_value(h(0)) as f32;
+                let (m, codes): (f32, Vec<i32>) = match format {
+                    "Q8_0" => (0.0, blk[2..].iter().map(|&c| i32::from(c as i8)).collect()),
+                    _ => {
+                        let bytes = &blk[block_bytes - 16..];
+                        let nib = bytes
+                            .iter()
+                            .map(|c| c & 0xF)
+                            .chain(bytes.iter().map(|c| c >> 4));
+                        if format == "Q4_0" {
+                            (0.0, nib.map(|c| i32::from(c) - 8).collect())
+                        } else {
+                            (f16_value(h(2)) as f32, nib.map(i32::from).collect())
+                        }
+                    }
+                };
+                let isum: i64 = codes.iter().zip(qx).map(|(&c, &q)| i64::from(c * q)).sum();
+                let iabs: i64 = codes
+                    .iter()
+                    .zip(qx)
+                    .map(|(&c, &q)| i64::from((c * q).abs()))
+                    .sum();
+                let qsum: i64 = qx.iter().map(|&q| i64::from(q)).sum();
+                let scale = f64::from(d * s);
+                let min_term = f64::from(m) * f64::from(*s) * qsum as f64;
+                y[at] += scale * isum as f64 + min_term;
+                mag[at] += scale.abs() * iabs as f64 + min_term.abs();
+                let wabs: f64 = codes
+                    .iter()
+                    .map(|&c| (f64::from(d) * f64::from(c) + f64::from(m)).abs())
+                    .sum();
+                rounding[at] += f64::from(*s) / 2.0 * wabs;
+            }
+        }
+    }
+    (y, mag, rounding)
+}
+
+/// `matmul_xwt_int8` against the integer reference and against `matmul_xwt`'s exact reference.
+///
+/// Error bound against the integer reference: the integer sums are exact (each pair of `|w| ≤
+/// 128` by `|q| ≤ 127` fits i16, every lane sum is under 2^24), so only the f32 scaling and
+/// summation round: the scale product once, the min term twice, the multiply-add into a lane once
+/// per block, the lanes' sum up to 8 more: `γ_{blocks + 12} · mag`. Against the unrounded
+/// activations the rounding adds at most `Σ_b (s_b / 2)·Σ|w|` (each code is within half a step,
+/// and no code is clamped: `|x / s| ≤ 127` up to one rounding).
+#[test]
+fn int8_dots_match_integer_reference_and_stay_within_the_rounding_bound() {
+    let mut rng = StdRng::seed_from_u64(88);
+    for format in ["Q8_0", "Q4_0", "Q4_1"] {
+        for &(inner, out) in &[(32, 1), (32, 7), (96, 5), (576, 13), (2048, 9)] {
+            let (w, w64) = match format {
+                "Q8_0" => random_q8_0(&mut rng, out, inner),
+                "Q4_0" => random_q4(&mut rng, out, inner, Nibbles::Q4_0),
+                _ => random_q4(&mut rng, out, inner, Nibbles::Q4_1),
+            };
+            let matrix = match format {
+                "Q8_0" => Matrix::Q8_0(&w),
+                "Q4_0" => Matrix::Q4_0(&w),
+                _ => Matrix::Q4_1(&w),
+            };
+            for &rows in &ROWS {
+                let mut x = random_f32(&mut rng, rows * inner);
+                // An all-zero block (scale 0) in the first row.
+                x[..32].fill(0.0);
+                let mut y = vec![f32::NAN; rows * out];
+                matmul_xwt_int8(&x, rows, inner, matrix, out, &mut y).unwrap();
+                let (want, mag, rounding) = int8_reference(format, &w, &x, rows, inner, out);
+                let (exact, exact_mag) = reference(&x, rows, inner, &w64, out);
+                let g = gamma(inner / 32 + 12);
+                for (at, &got) in y.iter().enumerate() {
+                    let what = format!("{format} rows={rows} inner={inner} out={out} y[{at}]");
+                    let err = (f64::from(got) - want[at]).abs();
+                    assert!(
+                        err <= g * mag[at],
+                        "{what}: {got} vs integer reference {}, |err| {err:e} > {:e}",
+                        want[at],
+                        g * mag[at]
+                    );
+                    let moved = (f64::from(got) - exact[at]).abs();
+                    let bound = rounding[at] + g * mag[at] + gamma(inner) * exact_mag[at];
+                    assert!(
+                        moved <= bound,
+                        "{what}: {got} vs unrounded {}, moved {moved:e} > {bound:e}",
+                        exact[at]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_dots_propagate_non_finite_activations_and_refuse_other_formats() {
+    let mut rng = StdRng::seed_from_u64(89);
+    let (inner, out) = (64, 3);
+    let (w, _) = random_q8_0(&mut rng, out, inner);
+    let mut x = random_f32(&mut rng, 2 * inner);
+    x[inner + 40] = f32::INFINITY;
+    let mut y = vec![0.0f32; 2 * out];
+    matmul_xwt_int8(&x, 2, inner, Matrix::Q8_0(&w), out, &mut y).unwrap();
+    assert!(y[..out].iter().all(|v| v.is_finite()), "{y:?}");
+    assert!(
+        y[out..].iter().all(|v| v.is_nan()),
+        "row 1 holds an infinity: {y:?}"
+    );
+
+    for (name, matrix) in [
+        ("f32", Matrix::F32(&[0.0; 3 * 64])),
+        ("Q5_0", Matrix::Q5_0(&[0; 3 * 2 * 22])),
+    ] {
+        let err = matmul_xwt_int8(&x, 2, inner, matrix, out, &mut y).unwrap_err();
+        assert_eq!(err, KernelError::NoIntegerPath { format: name });
+        let msg = err.to_string();
+        assert!(
+            msg.contains(name) && msg.contains("Q8_0, Q4_0 and Q4_1"),
+            "{msg}"
+        );
+    }
 }
