@@ -694,18 +694,26 @@ fn f16_at(blk: &[u8], at: usize) -> f32 {
 }
 
 /// IEEE half (binary16) bits to f32, exactly (every f16 is an f32), without branches: it runs once
-/// per weight block in the inner loops. The magnitude bits placed at the top of an f32 mantissa
-/// read as `2^-112` times the half's value (subnormals included: an f32 subnormal times a power of
-/// two is exact), so one multiply by `2^112` rescales; an all-ones exponent (inf, NaN) is set
-/// apart, and the sign is copied.
+/// per weight block in the inner loops. A normal half's bits moved to the top of an f32 mantissa
+/// need only the exponent bias corrected (`+ 112 << 23`). A subnormal half is `m · 2^-24`: placed
+/// as the mantissa of `2^-14` and `2^-14` subtracted, one exact subtraction of normal numbers.
+/// No intermediate may be an f32 subnormal: XLA's CPU threads, where these kernels run, treat
+/// subnormal inputs as zero (DAZ), and most of a Q4_K super-block's scales are f16 subnormals. An
+/// all-ones exponent (inf, NaN) is set apart, and the sign is copied.
 #[inline(always)]
 pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    const EXPONENT: u32 = 0x7c00 << 13;
     let magnitude = u32::from(h & 0x7fff) << 13;
-    let scaled = f32::from_bits(magnitude) * f32::from_bits(0x7780_0000); // 2^112
-    let bits = if h & 0x7c00 == 0x7c00 {
+    let exponent = magnitude & EXPONENT;
+    let normal = magnitude + (112 << 23);
+    let two_to_minus_14 = f32::from_bits(113 << 23);
+    let subnormal = (f32::from_bits(magnitude + (113 << 23)) - two_to_minus_14).to_bits();
+    let bits = if exponent == EXPONENT {
         magnitude | 0x7f80_0000
+    } else if exponent == 0 {
+        subnormal
     } else {
-        scaled.to_bits()
+        normal
     };
     f32::from_bits(bits | (u32::from(h & 0x8000) << 16))
 }
