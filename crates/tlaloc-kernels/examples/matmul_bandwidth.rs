@@ -3,7 +3,8 @@
 //! `cargo run --release -p tlaloc-kernels --example matmul_bandwidth [-- --quick] [-- --dtype bf16]`
 //!
 //! `--quick` measures f32 only; `--dtype` one of `f32`, `bf16`, `q8_0`, `q4_0`, `q4_1`; `--int8`
-//! runs `matmul_xwt_int8` (activations rounded to 8-bit codes) on the Q8_0, Q4_0 and Q4_1 shapes.
+//! runs `matmul_xwt_int8` (activations rounded to 8-bit codes) on the Q8_0, Q4_0 and Q4_1 shapes;
+//! `--rows 1,2,4,8` sets the activation row counts (default 1 and 8).
 //!
 //! Each shape is measured cold: enough copies of the matrix are cycled through (at least 256 MiB)
 //! that every call streams its weights from memory, not from cache, as a decode step does. GB/s
@@ -253,6 +254,15 @@ fn main() {
         Dtype::Q4_1,
     ];
     let int8 = args.iter().any(|a| a == "--int8");
+    let row_counts: Vec<usize> = match args.iter().position(|a| a == "--rows") {
+        Some(i) => args
+            .get(i + 1)
+            .expect("--rows takes a list, e.g. 1,2,4,8")
+            .split(',')
+            .map(|r| r.parse().expect("--rows takes row counts, e.g. 1,2,4,8"))
+            .collect(),
+        None => vec![1, 8],
+    };
     INT8.store(int8, Ordering::Relaxed);
     let mut dtypes: Vec<Dtype> = match only {
         Some(name) => all.into_iter().filter(|d| d.name() == name).collect(),
@@ -291,7 +301,7 @@ fn main() {
             let bytes = dtype.bytes(out, inner);
             let copies = COLD_BYTES.div_ceil(bytes).max(2);
             let mats: Vec<Store> = (0..copies).map(|_| fill.store(dtype, out, inner)).collect();
-            for rows in [1, 8] {
+            for &rows in &row_counts {
                 let (t_all, cpu_all) =
                     with_cpu_share(threads, || time_calls(&mats, rows, out, inner));
                 let (t_one, cpu_one) =
@@ -330,7 +340,7 @@ fn main() {
         }
         layers.push((fill.store(dtype, VOCAB, HIDDEN), VOCAB, HIDDEN));
         let bytes: usize = layers.iter().map(|(_, o, i)| dtype.bytes(*o, *i)).sum();
-        for rows in [1, 8] {
+        for &rows in &row_counts {
             let xs: Vec<f32> = (0..rows * INTERMEDIATE).map(|i| (i % 5) as f32).collect();
             let mut ys = vec![0.0f32; rows * VOCAB];
             let mut step = || {

@@ -165,12 +165,12 @@ pub enum KernelError {
         /// The inner length given.
         inner: usize,
     },
-    /// [`matmul_xwt_int8`] given weights it has no integer dot for.
+    /// [`matmul_xwt_int8`] given dense weights.
     #[error(
-        "matmul_xwt_int8: {format} weights have no integer dot; it takes Q8_0, Q4_0 and Q4_1 (matmul_xwt takes every format)"
+        "matmul_xwt_int8 takes block-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K), not {format}; matmul_xwt takes dense ones"
     )]
-    NoIntegerPath {
-        /// The weights' format.
+    NotBlockQuantized {
+        /// The weights' dtype.
         format: &'static str,
     },
 }
@@ -197,16 +197,20 @@ pub fn matmul_xwt(
     matmul(x, rows, inner, w, out, y, false)
 }
 
-/// `y ≈ x · wᵀ` as [`matmul_xwt`], with each 32-element block of every activation row first
-/// rounded to 8-bit codes, llama.cpp's arithmetic for these formats: `scale = max|x| / 127`,
-/// `code = round_half_even(x / scale)` (an all-zero block has scale 0; a non-finite element makes
-/// its block's scale NaN), and the weight codes multiplied by the activation codes as integers,
-/// exactly, with one f32 multiply-add of `d_w · scale` per block (and Q4_1's `m · scale · Σcode`).
+/// `y ≈ x̃ · wᵀ` for a block-quantized `w`, where `x̃` is `x` with each 32-element block of every
+/// row rounded to 8-bit codes, llama.cpp's arithmetic for these formats: `scale = max|x| / 127`,
+/// `code = round_half_even(x / scale)`, `x̃ = scale · code` ([`round_activations`]; an all-zero
+/// block has scale 0, a non-finite element makes its block's scale NaN).
 ///
-/// For Q8_0, Q4_0 and Q4_1 weights only ([`KernelError::NoIntegerPath`] otherwise). The rounding
-/// moves each activation by at most `scale / 2`, so against [`matmul_xwt`] each output moves by at
-/// most `Σ_blocks (scale / 2) · Σ|w|` (plus f32 rounding of the per-block terms); the integer
-/// products are about four times fewer instructions per weight than widening codes to f32.
+/// With Q8_0, Q4_0 or Q4_1 weights and at most [`INT_DOT_MAX_ROWS`] rows, the weight codes are
+/// multiplied by the activation codes as integers, exactly, with one f32 multiply-add of
+/// `d_w · scale` per block (and Q4_1's `m · scale · Σcode`): about four times fewer instructions
+/// per weight than widening codes to f32. Otherwise (more rows, or a format without an integer
+/// dot: Q5_0, Q4_K, Q6_K) `x̃` is formed in f32 and multiplied as [`matmul_xwt`] does. Both are the
+/// same function up to f32 rounding. The rounding moves each activation by at most `scale / 2`,
+/// so against [`matmul_xwt`] of the unrounded `x` each output moves by at most
+/// `Σ_blocks (scale / 2) · Σ|w|` (plus f32 rounding). Dense weights are refused
+/// ([`KernelError::NotBlockQuantized`]): nothing is read faster by rounding their activations.
 pub fn matmul_xwt_int8(
     x: &[f32],
     rows: usize,
@@ -216,11 +220,39 @@ pub fn matmul_xwt_int8(
     y: &mut [f32],
 ) -> Result<(), KernelError> {
     match w {
-        Matrix::Q8_0(_) | Matrix::Q4_0(_) | Matrix::Q4_1(_) => {
+        Matrix::F32(_) | Matrix::Bf16(_) => {
+            Err(KernelError::NotBlockQuantized { format: w.dtype() })
+        }
+        Matrix::Q8_0(_) | Matrix::Q4_0(_) | Matrix::Q4_1(_) if rows <= INT_DOT_MAX_ROWS => {
             matmul(x, rows, inner, w, out, y, true)
         }
-        _ => Err(KernelError::NoIntegerPath { format: w.dtype() }),
+        _ => {
+            check_len("x", "f32", x.len(), &[("rows", rows), ("inner", inner)], 1)?;
+            let elems = w.block_layout().map_or(1, |(elems, _)| elems);
+            if inner % elems != 0 {
+                return Err(KernelError::InnerNotBlockMultiple {
+                    format: w.dtype(),
+                    block_elements: elems,
+                    inner,
+                });
+            }
+            let rounded = round_activations(x);
+            matmul(&rounded, rows, inner, w, out, y, false)
+        }
     }
+}
+
+/// The most activation rows for which [`matmul_xwt_int8`] multiplies integers: each weight block
+/// is then decoded once and used for few rows, so its integer decoding is the cheaper one; with
+/// more rows the f32 path, which widens a weight once for up to 8 rows, is faster
+/// (`examples/matmul_bandwidth.rs --int8 --rows`, docs/benchmarks.md).
+pub const INT_DOT_MAX_ROWS: usize = 4;
+
+/// `x` (any length that is whole 32-element blocks, e.g. `[rows, inner]` with `inner` a
+/// multiple of 32) with each block rounded as [`matmul_xwt_int8`] rounds it: `scale · code`, one
+/// f32 rounding of the product. The definition the portable graph's rounding follows.
+pub fn round_activations(x: &[f32]) -> Vec<f32> {
+    simd::round_activations(x)
 }
 
 fn matmul(

@@ -54,6 +54,8 @@ use pulp::Simd;
 
 mod int8;
 
+pub(crate) use int8::round_activations;
+
 /// Software prefetch of weight lines a group of rows ahead, so the memory stream keeps going while a
 /// compute-heavy block (many activation rows) runs; the hardware prefetcher alone stops short there.
 /// Through pulp's SSE token (baseline on x86-64); a no-op elsewhere.

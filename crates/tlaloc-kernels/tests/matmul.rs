@@ -19,7 +19,9 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tlaloc_kernels::{KernelError, Matrix, matmul_xwt, matmul_xwt_int8};
+use tlaloc_kernels::{
+    INT_DOT_MAX_ROWS, KernelError, Matrix, matmul_xwt, matmul_xwt_int8, round_activations,
+};
 
 const ROWS: [usize; 6] = [1, 2, 3, 5, 8, 17];
 /// (inner, out): tiny, odd, just over a vector width, and a real projection width with odd out.
@@ -627,28 +629,71 @@ fn int8_reference(
     (y, mag, rounding)
 }
 
-/// `matmul_xwt_int8` against the integer reference and against `matmul_xwt`'s exact reference.
+/// `x` with each block rounded by the test's own definition ([`round_block`]), as f32
+/// `scale · code`.
+fn rounded_by_definition(x: &[f32]) -> Vec<f32> {
+    x.chunks(32)
+        .flat_map(|b| {
+            let (scale, codes) = round_block(b);
+            codes.into_iter().map(move |c| scale * c as f32)
+        })
+        .collect()
+}
+
+#[test]
+fn activations_round_as_defined() {
+    let mut rng = StdRng::seed_from_u64(87);
+    let mut x = random_f32(&mut rng, 32 * 40);
+    x[..32].fill(0.0);
+    // Ties: 0.5 and 1.5 code steps from a block whose largest element is 127.
+    x[32] = 127.0;
+    x[33] = 0.5;
+    x[34] = 1.5;
+    x[35] = -2.5;
+    let got = round_activations(&x);
+    let want = rounded_by_definition(&x);
+    assert_eq!(got, want);
+    assert_eq!(&got[32..36], &[127.0, 0.0, 2.0, -2.0]);
+}
+
+/// `matmul_xwt_int8` against the integer reference (the integer dots, at most
+/// `INT_DOT_MAX_ROWS` rows of Q8_0, Q4_0 and Q4_1), against the exact product of the rounded
+/// activations (every other case), and against `matmul_xwt`'s exact reference of the unrounded
+/// activations (all).
 ///
 /// Error bound against the integer reference: the integer sums are exact (each pair of `|w| ≤
 /// 128` by `|q| ≤ 127` fits i16, every lane sum is under 2^24), so only the f32 scaling and
 /// summation round: the scale product once, the min term twice, the multiply-add into a lane once
-/// per block, the lanes' sum up to 8 more: `γ_{blocks + 12} · mag`. Against the unrounded
-/// activations the rounding adds at most `Σ_b (s_b / 2)·Σ|w|` (each code is within half a step,
-/// and no code is clamped: `|x / s| ≤ 127` up to one rounding).
+/// per block, the lanes' sum up to 8 more: `γ_{blocks + 12} · mag`. The f32 path multiplies the
+/// rounded activations, exact f32 values, so `matmul_xwt`'s bound `γ_inner · Σ|x̃ w|` holds. Against
+/// the unrounded activations the rounding adds at most `Σ_b (s_b / 2)·Σ|w|` (each code is within
+/// half a step, and no code is clamped: `|x / s| ≤ 127` up to one rounding), and `x̃`'s own
+/// rounding `u · Σ|x̃ w|`.
 #[test]
 fn int8_dots_match_integer_reference_and_stay_within_the_rounding_bound() {
     let mut rng = StdRng::seed_from_u64(88);
-    for format in ["Q8_0", "Q4_0", "Q4_1"] {
-        for &(inner, out) in &[(32, 1), (32, 7), (96, 5), (576, 13), (2048, 9)] {
+    for format in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"] {
+        let shapes: &[(usize, usize)] = if format.ends_with("_K") {
+            &[(256, 3), (512, 7), (1536, 5)]
+        } else {
+            &[(32, 1), (32, 7), (96, 5), (576, 13), (2048, 9)]
+        };
+        for &(inner, out) in shapes {
             let (w, w64) = match format {
                 "Q8_0" => random_q8_0(&mut rng, out, inner),
                 "Q4_0" => random_q4(&mut rng, out, inner, Nibbles::Q4_0),
-                _ => random_q4(&mut rng, out, inner, Nibbles::Q4_1),
+                "Q4_1" => random_q4(&mut rng, out, inner, Nibbles::Q4_1),
+                "Q5_0" => random_q4(&mut rng, out, inner, Nibbles::Q5_0),
+                "Q4_K" => random_k(&mut rng, out, inner, KQuant::Q4K),
+                _ => random_k(&mut rng, out, inner, KQuant::Q6K),
             };
             let matrix = match format {
                 "Q8_0" => Matrix::Q8_0(&w),
                 "Q4_0" => Matrix::Q4_0(&w),
-                _ => Matrix::Q4_1(&w),
+                "Q4_1" => Matrix::Q4_1(&w),
+                "Q5_0" => Matrix::Q5_0(&w),
+                "Q4_K" => Matrix::Q4_K(&w),
+                _ => Matrix::Q6_K(&w),
             };
             for &rows in &ROWS {
                 let mut x = random_f32(&mut rng, rows * inner);
@@ -656,20 +701,28 @@ fn int8_dots_match_integer_reference_and_stay_within_the_rounding_bound() {
                 x[..32].fill(0.0);
                 let mut y = vec![f32::NAN; rows * out];
                 matmul_xwt_int8(&x, rows, inner, matrix, out, &mut y).unwrap();
-                let (want, mag, rounding) = int8_reference(format, &w, &x, rows, inner, out);
+                let integer =
+                    rows <= INT_DOT_MAX_ROWS && ["Q8_0", "Q4_0", "Q4_1"].contains(&format);
+                let (want, mag, g) = if integer {
+                    let (want, mag, _) = int8_reference(format, &w, &x, rows, inner, out);
+                    (want, mag, gamma(inner / 32 + 12))
+                } else {
+                    let (want, mag) = reference(&rounded_by_definition(&x), rows, inner, &w64, out);
+                    (want, mag, gamma(inner))
+                };
+                let rounding = rounding_bound(&x, rows, inner, &w64, out);
                 let (exact, exact_mag) = reference(&x, rows, inner, &w64, out);
-                let g = gamma(inner / 32 + 12);
                 for (at, &got) in y.iter().enumerate() {
                     let what = format!("{format} rows={rows} inner={inner} out={out} y[{at}]");
                     let err = (f64::from(got) - want[at]).abs();
                     assert!(
                         err <= g * mag[at],
-                        "{what}: {got} vs integer reference {}, |err| {err:e} > {:e}",
+                        "{what}: {got} vs reference {}, |err| {err:e} > {:e}",
                         want[at],
                         g * mag[at]
                     );
                     let moved = (f64::from(got) - exact[at]).abs();
-                    let bound = rounding[at] + g * mag[at] + gamma(inner) * exact_mag[at];
+                    let bound = rounding[at] + 2.0 * g * mag[at] + gamma(inner) * exact_mag[at];
                     assert!(
                         moved <= bound,
                         "{what}: {got} vs unrounded {}, moved {moved:e} > {bound:e}",
@@ -681,30 +734,55 @@ fn int8_dots_match_integer_reference_and_stay_within_the_rounding_bound() {
     }
 }
 
+/// Per output, `Σ_b (s_b / 2) · Σ_{k in b} |w[o, k]|`: how far rounding the activations can move
+/// it.
+fn rounding_bound(x: &[f32], rows: usize, inner: usize, w: &[f64], out: usize) -> Vec<f64> {
+    let mut bound = vec![0.0; rows * out];
+    for n in 0..rows {
+        let scales: Vec<f64> = x[n * inner..][..inner]
+            .chunks(32)
+            .map(|b| f64::from(round_block(b).0))
+            .collect();
+        for o in 0..out {
+            let row = &w[o * inner..][..inner];
+            bound[n * out + o] = row
+                .chunks(32)
+                .zip(&scales)
+                .map(|(wb, s)| s / 2.0 * wb.iter().map(|v| v.abs()).sum::<f64>())
+                .sum();
+        }
+    }
+    bound
+}
+
 #[test]
-fn int8_dots_propagate_non_finite_activations_and_refuse_other_formats() {
+fn int8_dots_propagate_non_finite_activations_and_refuse_dense_weights() {
     let mut rng = StdRng::seed_from_u64(89);
     let (inner, out) = (64, 3);
     let (w, _) = random_q8_0(&mut rng, out, inner);
-    let mut x = random_f32(&mut rng, 2 * inner);
-    x[inner + 40] = f32::INFINITY;
-    let mut y = vec![0.0f32; 2 * out];
-    matmul_xwt_int8(&x, 2, inner, Matrix::Q8_0(&w), out, &mut y).unwrap();
-    assert!(y[..out].iter().all(|v| v.is_finite()), "{y:?}");
-    assert!(
-        y[out..].iter().all(|v| v.is_nan()),
-        "row 1 holds an infinity: {y:?}"
-    );
+    for rows in [2, INT_DOT_MAX_ROWS + 1] {
+        let mut x = random_f32(&mut rng, rows * inner);
+        x[inner + 40] = f32::INFINITY;
+        let mut y = vec![0.0f32; rows * out];
+        matmul_xwt_int8(&x, rows, inner, Matrix::Q8_0(&w), out, &mut y).unwrap();
+        assert!(y[..out].iter().all(|v| v.is_finite()), "{y:?}");
+        assert!(
+            y[out..2 * out].iter().all(|v| v.is_nan()),
+            "row 1 holds an infinity: {y:?}"
+        );
+    }
 
+    let x = random_f32(&mut rng, 2 * inner);
+    let mut y = vec![0.0f32; 2 * out];
     for (name, matrix) in [
         ("f32", Matrix::F32(&[0.0; 3 * 64])),
-        ("Q5_0", Matrix::Q5_0(&[0; 3 * 2 * 22])),
+        ("bf16", Matrix::Bf16(&[0; 3 * 64])),
     ] {
         let err = matmul_xwt_int8(&x, 2, inner, matrix, out, &mut y).unwrap_err();
-        assert_eq!(err, KernelError::NoIntegerPath { format: name });
+        assert_eq!(err, KernelError::NotBlockQuantized { format: name });
         let msg = err.to_string();
         assert!(
-            msg.contains(name) && msg.contains("Q8_0, Q4_0 and Q4_1"),
+            msg.contains(name) && msg.contains("Q8_0, Q4_0, Q4_1"),
             "{msg}"
         );
     }

@@ -48,11 +48,15 @@ impl QuantizedRows {
         let mut codes = vec![0i8; x.len()];
         let n = x.len() / BLOCK;
         let (mut scale, mut scaled_sum) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for (xb, qb) in x.chunks_exact(BLOCK).zip(codes.chunks_exact_mut(BLOCK)) {
-            let (d, sum) = quantize_block(xb, qb);
-            scale.push(d);
-            scaled_sum.push(d * sum as f32);
-        }
+        // Inside the dispatcher, so that the rounding compiles to vector instructions (the
+        // x86-64 baseline has no rounding instruction: each element would be a libm call).
+        pulp::Arch::new().dispatch(|| {
+            for (xb, qb) in x.chunks_exact(BLOCK).zip(codes.chunks_exact_mut(BLOCK)) {
+                let (d, sum) = quantize_block(xb, qb);
+                scale.push(d);
+                scaled_sum.push(d * sum as f32);
+            }
+        });
         QuantizedRows {
             codes,
             scale,
@@ -62,15 +66,31 @@ impl QuantizedRows {
     }
 }
 
-/// One block's scale and codes (see [`QuantizedRows`]); returns the scale and the codes' sum.
-fn quantize_block(x: &[f32], codes: &mut [i8]) -> (f32, i32) {
-    let mut amax = 0.0f32;
-    for &v in x {
-        if !v.is_finite() {
-            codes.fill(0);
-            return (f32::NAN, 0);
+/// `x` (whole 32-element blocks) with each block replaced by `scale · code`, the values the
+/// integer dots multiply by (a block holding a non-finite element becomes NaN).
+pub(crate) fn round_activations(x: &[f32]) -> Vec<f32> {
+    let mut rounded = vec![0.0f32; x.len()];
+    pulp::Arch::new().dispatch(|| {
+        let mut codes = [0i8; BLOCK];
+        for (xb, rb) in x.chunks_exact(BLOCK).zip(rounded.chunks_exact_mut(BLOCK)) {
+            let (d, _) = quantize_block(xb, &mut codes);
+            for (r, &c) in rb.iter_mut().zip(&codes) {
+                *r = d * f32::from(c);
+            }
         }
-        amax = amax.max(v.abs());
+    });
+    rounded
+}
+
+/// One block's scale and codes (see [`QuantizedRows`]); returns the scale and the codes' sum.
+#[inline(always)]
+fn quantize_block(x: &[f32], codes: &mut [i8]) -> (f32, i32) {
+    // Branch-free over the elements so that the loops vectorize.
+    let finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if !finite {
+        codes.fill(0);
+        return (f32::NAN, 0);
     }
     let d = amax / 127.0;
     if d == 0.0 {
