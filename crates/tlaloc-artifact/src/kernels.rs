@@ -72,8 +72,45 @@ pub const fn cpu_matmul_blocks(format: BlockFormat) -> &'static str {
     }
 }
 
+/// [`cpu_matmul_blocks`]' contract with the activations rounded first (an export with
+/// activations quantized, `--quantize-activations`): `y ≈ x̃ · wᵀ`, where `x̃` is `x` with each
+/// 32-element block of every row replaced by `s · code`, `s = max|x| / 127` and `code =
+/// round_half_even(x / s)` clamped to `[-127, 127]` (an all-zero block stays zero; a block with a
+/// non-finite element becomes NaN). The portable body rounds the same way in the graph before
+/// its dequantized matrix multiplication, so both bodies compute the same function up to f32
+/// rounding; the kernel may multiply the weight codes by the activation codes as integers.
+pub const CPU_MATMUL_Q8_0_XQ8: &str = "tlaloc.cpu.matmul_q8_0_xq8";
+/// [`CPU_MATMUL_Q8_0_XQ8`]'s contract for Q4_0 blocks.
+pub const CPU_MATMUL_Q4_0_XQ8: &str = "tlaloc.cpu.matmul_q4_0_xq8";
+/// [`CPU_MATMUL_Q8_0_XQ8`]'s contract for Q4_1 blocks.
+pub const CPU_MATMUL_Q4_1_XQ8: &str = "tlaloc.cpu.matmul_q4_1_xq8";
+/// [`CPU_MATMUL_Q8_0_XQ8`]'s contract for Q5_0 blocks.
+pub const CPU_MATMUL_Q5_0_XQ8: &str = "tlaloc.cpu.matmul_q5_0_xq8";
+/// [`CPU_MATMUL_Q8_0_XQ8`]'s contract for Q4_K blocks.
+pub const CPU_MATMUL_Q4_K_XQ8: &str = "tlaloc.cpu.matmul_q4_k_xq8";
+/// [`CPU_MATMUL_Q8_0_XQ8`]'s contract for Q6_K blocks.
+pub const CPU_MATMUL_Q6_K_XQ8: &str = "tlaloc.cpu.matmul_q6_k_xq8";
+
+/// Elements per block of the activations' rounding in the `_xq8` kernels.
+pub const ACTIVATION_BLOCK: usize = 32;
+/// The largest activation code of the `_xq8` kernels' rounding.
+pub const ACTIVATION_CODE_MAX: f64 = 127.0;
+
+/// The kernel that multiplies by `format`'s raw blocks after rounding the activations
+/// ([`CPU_MATMUL_Q8_0_XQ8`]).
+pub const fn cpu_matmul_blocks_xq8(format: BlockFormat) -> &'static str {
+    match format {
+        BlockFormat::Q8_0 => CPU_MATMUL_Q8_0_XQ8,
+        BlockFormat::Q4_0 => CPU_MATMUL_Q4_0_XQ8,
+        BlockFormat::Q4_1 => CPU_MATMUL_Q4_1_XQ8,
+        BlockFormat::Q5_0 => CPU_MATMUL_Q5_0_XQ8,
+        BlockFormat::Q4_K => CPU_MATMUL_Q4_K_XQ8,
+        BlockFormat::Q6_K => CPU_MATMUL_Q6_K_XQ8,
+    }
+}
+
 /// Every kernel a variant may call, with the platform it runs on.
-pub const KERNELS: [(&str, &str); 7] = [
+pub const KERNELS: [(&str, &str); 13] = [
     (CPU_MATMUL, CPU_PLATFORM),
     (CPU_MATMUL_Q8_0, CPU_PLATFORM),
     (CPU_MATMUL_Q4_0, CPU_PLATFORM),
@@ -81,6 +118,12 @@ pub const KERNELS: [(&str, &str); 7] = [
     (CPU_MATMUL_Q5_0, CPU_PLATFORM),
     (CPU_MATMUL_Q4_K, CPU_PLATFORM),
     (CPU_MATMUL_Q6_K, CPU_PLATFORM),
+    (CPU_MATMUL_Q8_0_XQ8, CPU_PLATFORM),
+    (CPU_MATMUL_Q4_0_XQ8, CPU_PLATFORM),
+    (CPU_MATMUL_Q4_1_XQ8, CPU_PLATFORM),
+    (CPU_MATMUL_Q5_0_XQ8, CPU_PLATFORM),
+    (CPU_MATMUL_Q4_K_XQ8, CPU_PLATFORM),
+    (CPU_MATMUL_Q6_K_XQ8, CPU_PLATFORM),
 ];
 
 /// The most rows (`B * T` of an entry) for which the CPU variant replaces a matrix
@@ -130,6 +173,9 @@ mod tests {
             let target = cpu_matmul_blocks(format);
             assert!(target.ends_with(format.name()), "{target} for {format}");
             assert!(KERNELS.contains(&(target, CPU_PLATFORM)), "{target}");
+            let rounded = cpu_matmul_blocks_xq8(format);
+            assert_eq!(rounded, format!("{target}_xq8"));
+            assert!(KERNELS.contains(&(rounded, CPU_PLATFORM)), "{rounded}");
         }
     }
 

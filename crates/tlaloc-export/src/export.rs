@@ -51,6 +51,12 @@ pub struct ExportOptions {
     /// [`tlaloc_artifact::kernels::cpu_matmul_blocks`] names) rather than at export. Every other weight is stored as without
     /// it.
     pub keep_quantized: bool,
+    /// Round the input of every matrix multiplication against a kept block weight to 8-bit
+    /// codes per 32-element block (llama.cpp's arithmetic for these formats), in the portable
+    /// body's graph and in the `cpu` variant's kernels
+    /// ([`tlaloc_artifact::kernels::cpu_matmul_blocks_xq8`]), which then multiply integers.
+    /// Needs `keep_quantized` and an f32 export.
+    pub quantize_activations: bool,
 }
 
 impl ExportOptions {
@@ -69,6 +75,7 @@ impl Default for ExportOptions {
             force: false,
             cpu_variant: false,
             keep_quantized: false,
+            quantize_activations: false,
         }
     }
 }
@@ -108,6 +115,10 @@ pub enum ExportError {
     UnsupportedDtype(Dtype),
     #[error("K/V pool dtype {0} is not supported; use f32, bf16, i8 or f8e4m3fn")]
     UnsupportedKvDtype(Dtype),
+    #[error(
+        "quantized activations need weights kept as blocks and an f32 export; this export has {0} (add --keep-quantized and --dtype f32, or drop --quantize-activations)"
+    )]
+    QuantizedActivationsNeedKeptF32(String),
     #[error(transparent)]
     Ladder(#[from] LadderError),
     #[error(transparent)]
@@ -154,6 +165,17 @@ fn checked_ladder(options: &ExportOptions) -> Result<Ladder, ExportError> {
     if !kv_dtype.is_kv_dtype() {
         return Err(ExportError::UnsupportedKvDtype(kv_dtype));
     }
+    if options.quantize_activations && (!options.keep_quantized || options.dtype != Dtype::F32) {
+        let kept = if options.keep_quantized {
+            "weights kept as blocks"
+        } else {
+            "no weights kept as blocks"
+        };
+        return Err(ExportError::QuantizedActivationsNeedKeptF32(format!(
+            "{kept}, dtype {}",
+            options.dtype
+        )));
+    }
     Ok(options.ladder.ladder()?)
 }
 
@@ -170,6 +192,7 @@ pub fn export_checkpoint(
     if options.keep_quantized {
         keep_blocks(checkpoint, &mut plan)?;
     }
+    plan.quantize_activations = options.quantize_activations;
     let model = artifact_model(config);
     let kv = KvCacheLayout::for_model(
         &model,
@@ -530,6 +553,9 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
             }
             if options.keep_quantized {
                 json["keepQuantized"] = true.into();
+            }
+            if options.quantize_activations {
+                json["quantizeActivations"] = "q8_0-blocks".into();
             }
             if !l.prefill_batch_buckets.is_empty() {
                 json["prefillBatchBuckets"] = l.prefill_batch_buckets.clone().into();

@@ -21,6 +21,7 @@ fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {
         force: false,
         cpu_variant: false,
         keep_quantized: false,
+        quantize_activations: false,
     }
 }
 

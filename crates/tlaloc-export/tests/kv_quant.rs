@@ -27,6 +27,7 @@ fn export_with(checkpoint: &Path, name: &str, kv_dtype: Dtype, ladder: LadderOpt
         force: false,
         cpu_variant: false,
         keep_quantized: false,
+        quantize_activations: false,
     };
     export(checkpoint, &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {name}: {e}"));

@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use tlaloc_artifact::BlockFormat;
-use tlaloc_artifact::kernels::{CPU_MATMUL, cpu_matmul_blocks};
+use tlaloc_artifact::kernels::{CPU_MATMUL, cpu_matmul_blocks, cpu_matmul_blocks_xq8};
 use tlaloc_kernels::Matrix;
 use tlaloc_pjrt::{HostBuffer, HostBufferMut, HostElementType, HostKernel};
 
@@ -17,18 +17,26 @@ pub(crate) fn kernel_for(target: &str) -> Option<Arc<dyn HostKernel>> {
     static MATMUL: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
     static BLOCKS: [OnceLock<Arc<dyn HostKernel>>; BlockFormat::ALL.len()] =
         [const { OnceLock::new() }; BlockFormat::ALL.len()];
+    static BLOCKS_XQ8: [OnceLock<Arc<dyn HostKernel>>; BlockFormat::ALL.len()] =
+        [const { OnceLock::new() }; BlockFormat::ALL.len()];
     if target == CPU_MATMUL {
         return Some(MATMUL.get_or_init(|| Arc::new(CpuMatmul)).clone());
     }
-    let i = BlockFormat::ALL
-        .iter()
-        .position(|&f| cpu_matmul_blocks(f) == target)?;
-    let format = BlockFormat::ALL[i];
-    Some(
-        BLOCKS[i]
-            .get_or_init(|| Arc::new(CpuMatmulBlocks { format }))
-            .clone(),
-    )
+    for (i, &format) in BlockFormat::ALL.iter().enumerate() {
+        for (round_activations, name, cell) in [
+            (false, cpu_matmul_blocks(format), &BLOCKS[i]),
+            (true, cpu_matmul_blocks_xq8(format), &BLOCKS_XQ8[i]),
+        ] {
+            if name == target {
+                let kernel = CpuMatmulBlocks {
+                    format,
+                    round_activations,
+                };
+                return Some(cell.get_or_init(|| Arc::new(kernel)).clone());
+            }
+        }
+    }
+    None
 }
 
 /// [`CPU_MATMUL`]: `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w f32 or bf16, y f32.
@@ -91,9 +99,11 @@ impl HostKernel for CpuMatmul {
 }
 
 /// The block kernels (`cpu_matmul_blocks`): `y [N, O] = x [N, K] · w [O, K]ᵀ`, x f32, w the raw
-/// blocks of `format`, `u8 [O, K / 32 * block bytes]`, y f32.
+/// blocks of `format`, `u8 [O, K / 32 * block bytes]`, y f32; with `round_activations`
+/// (`cpu_matmul_blocks_xq8`) x is first rounded to 8-bit codes per 32-element block.
 struct CpuMatmulBlocks {
     format: BlockFormat,
+    round_activations: bool,
 }
 
 impl HostKernel for CpuMatmulBlocks {
@@ -103,7 +113,11 @@ impl HostKernel for CpuMatmulBlocks {
         results: &mut [HostBufferMut<'_>],
     ) -> Result<(), String> {
         let format = self.format;
-        let t = cpu_matmul_blocks(format);
+        let t = if self.round_activations {
+            cpu_matmul_blocks_xq8(format)
+        } else {
+            cpu_matmul_blocks(format)
+        };
         let [x, w] = args else {
             return Err(format!(
                 "{t} takes two operands (x, w), it was given {}",
@@ -147,7 +161,12 @@ impl HostKernel for CpuMatmulBlocks {
             BlockFormat::Q4_K => Matrix::Q4_K(bytes),
             BlockFormat::Q6_K => Matrix::Q6_K(bytes),
         };
-        tlaloc_kernels::matmul_xwt(x, rows, inner, w, out, y).map_err(|e| e.to_string())
+        let matmul = if self.round_activations {
+            tlaloc_kernels::matmul_xwt_int8
+        } else {
+            tlaloc_kernels::matmul_xwt
+        };
+        matmul(x, rows, inner, w, out, y).map_err(|e| e.to_string())
     }
 }
 

@@ -37,6 +37,7 @@ fn export_tiny(out: &Path) {
         force: false,
         cpu_variant: true,
         keep_quantized: false,
+        quantize_activations: false,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, out, &options, &mut |_| {}).unwrap();

@@ -74,6 +74,7 @@ fn export_once(checkpoint: &Path, name: &str, ladder: LadderOptions) -> PathBuf 
         force: false,
         cpu_variant: false,
         keep_quantized: false,
+        quantize_activations: false,
     };
     export(checkpoint, &out, &options, &mut |_| {}).unwrap_or_else(|e| {
         panic!(
@@ -889,6 +890,7 @@ fn smollm2_cpu_variant() -> &'static Path {
             force: false,
             cpu_variant: true,
             keep_quantized: false,
+            quantize_activations: false,
         };
         export(&gguf, &out, &options, &mut |_| {}).unwrap();
         out

@@ -29,6 +29,7 @@ fn export_tiny(kv_dtype: Dtype) -> PathBuf {
         force: false,
         cpu_variant: false,
         keep_quantized: false,
+        quantize_activations: false,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, &out, &options, &mut |_| {}).unwrap();

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 use half::f16;
 use tlaloc_artifact::kernels::{
-    CPU_MATMUL_Q4_0, CPU_MATMUL_Q4_1, CPU_MATMUL_Q4_K, CPU_MATMUL_Q5_0, CPU_MATMUL_Q6_K,
-    CPU_MATMUL_Q8_0,
+    CPU_MATMUL_Q4_0, CPU_MATMUL_Q4_1, CPU_MATMUL_Q4_1_XQ8, CPU_MATMUL_Q4_K, CPU_MATMUL_Q4_K_XQ8,
+    CPU_MATMUL_Q5_0, CPU_MATMUL_Q6_K, CPU_MATMUL_Q6_K_XQ8, CPU_MATMUL_Q8_0, CPU_MATMUL_Q8_0_XQ8,
 };
 use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
 use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
@@ -527,6 +527,15 @@ fn k_quant_gguf(dir: &Path) -> PathBuf {
 }
 
 fn export_tiny(gguf: &Path, name: &str, keep_quantized: bool) -> PathBuf {
+    export_with(gguf, name, keep_quantized, false)
+}
+
+fn export_with(
+    gguf: &Path,
+    name: &str,
+    keep_quantized: bool,
+    quantize_activations: bool,
+) -> PathBuf {
     let out = scratch(name);
     let options = ExportOptions {
         dtype: Dtype::F32,
@@ -536,6 +545,7 @@ fn export_tiny(gguf: &Path, name: &str, keep_quantized: bool) -> PathBuf {
         force: false,
         cpu_variant: keep_quantized,
         keep_quantized,
+        quantize_activations,
     };
     export(gguf, &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {}: {e}", gguf.display()));
@@ -845,6 +855,18 @@ fn gemma3_with_its_q4_k_q6_k_q5_0_and_q8_0_blocks_kept_reproduces_the_transforme
 /// first golden step whose top-2 margin is under 1e-3 (where float order may pick the other
 /// token).
 fn assert_goldens(dir: &Path, cases: &[&serde_json::Value], cache: &str) {
+    assert_goldens_above(dir, cases, cache, &|_| 1e-3);
+}
+
+/// As [`assert_goldens`], comparing up to the first golden step whose top-2 margin is under
+/// `threshold(step)`.
+fn assert_goldens_above(
+    dir: &Path,
+    cases: &[&serde_json::Value],
+    cache: &str,
+    threshold: &dyn Fn(&serde_json::Value) -> f64,
+) -> usize {
+    let mut compared = 0;
     let cache = scratch(cache);
     for plugin in test_plugin_paths() {
         for choice in [KernelChoice::Portable, KernelChoice::Auto] {
@@ -861,7 +883,7 @@ fn assert_goldens(dir: &Path, cases: &[&serde_json::Value], cache: &str) {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .position(|s| s["margin"].as_f64().unwrap() < 1e-3)
+                    .position(|s| s["margin"].as_f64().unwrap() < threshold(s))
                     .unwrap_or(usize::MAX)
                     .min(expected.len());
                 assert_eq!(
@@ -870,7 +892,126 @@ fn assert_goldens(dir: &Path, cases: &[&serde_json::Value], cache: &str) {
                     "{name}, {choice:?} on {}",
                     plugin.display()
                 );
+                compared += n;
             }
         }
     }
+    compared
+}
+
+/// How far activations rounded to 8-bit codes per 32-element block (`quantize_activations`)
+/// may move a logit, relative to the logits' scale: each rounded element is within half a code
+/// step, `1 / 254` of its block's largest magnitude, and a token's logits pass through `4L + 1`
+/// rounded matrix multiplications (q/k/v, o, gate/up and down per layer, then the LM head).
+/// RMSNorm undoes any change of scale, so errors add rather than multiply to first order:
+/// linearly in the worst case (`worst`), as the square root of the count for independent
+/// rounding errors (not `worst`).
+fn rounding_rel(layers: usize, worst: bool) -> f64 {
+    let matmuls = (4 * layers + 1) as f64;
+    (if worst { matmuls } else { matmuls.sqrt() }) / 254.0
+}
+
+/// The kept artifacts of the tiny fixtures (Q8_0, Q4_1, and the K-quant Llama) exported with
+/// `quantize_activations`: the variants call the `_xq8` kernels, and on every plugin both
+/// bodies give the dense f32 artifact's greedy ids up to the first step whose top-2 margin is
+/// under twice [`rounding_rel`]'s worst case (relative to the logprob's magnitude, at least 1).
+/// The logprobs' changes are printed, not bounded (see below).
+#[test]
+fn quantized_activations_stay_within_the_rounding_bound_of_the_f32_function_on_every_plugin() {
+    let q8 = tiny_gguf(&scratch("xq8-q8_0-gguf"), BlockFormat::Q8_0);
+    let q4 = tiny_gguf(&scratch("xq8-q4_1-gguf"), BlockFormat::Q4_1);
+    let k = k_quant_gguf(&scratch("xq8-k-gguf"));
+    let cases: [(&str, &Path, &[&str]); 3] = [
+        ("q8_0", &q8, &[CPU_MATMUL_Q8_0_XQ8]),
+        ("q4_1", &q4, &[CPU_MATMUL_Q4_1_XQ8]),
+        ("k", &k, &[CPU_MATMUL_Q4_K_XQ8, CPU_MATMUL_Q6_K_XQ8]),
+    ];
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![1, 17, 230, 5, 99],
+        (0..23).map(|i| (i * 37 + 11) % 512).collect(),
+    ];
+    for (name, gguf, kernels) in cases {
+        let dense = export_with(gguf, &format!("xq8-{name}-dense"), false, false);
+        let rounded = export_with(gguf, &format!("xq8-{name}-rounded"), true, true);
+        let manifest = Artifact::open(&rounded).unwrap().manifest().clone();
+        let kernels: Vec<String> = kernels.iter().map(|k| k.to_string()).collect();
+        for entry in &manifest.entries {
+            assert_eq!(entry.variants[0].kernels, kernels, "{name}: {}", entry.name);
+        }
+        assert_eq!(
+            manifest.provenance.options["quantizeActivations"], "q8_0-blocks",
+            "{name}"
+        );
+        let rel = rounding_rel(manifest.model.num_layers, true);
+        let cache = scratch(&format!("xq8-{name}-compile-cache"));
+        let mut largest = 0.0f32;
+        for plugin in test_plugin_paths() {
+            let reference = load(&dense, &plugin, KernelChoice::Auto, &cache);
+            for choice in [KernelChoice::Portable, KernelChoice::Auto] {
+                let engine = load(&rounded, &plugin, choice, &cache);
+                for (i, prompt) in prompts.iter().enumerate() {
+                    let request = GenerateRequest {
+                        logprobs: Some(2),
+                        ignore_eos: true,
+                        ..GenerateRequest::greedy(prompt.clone(), 12)
+                    };
+                    let want = reference.generate_blocking(request.clone()).unwrap();
+                    let got = engine.generate_blocking(request).unwrap();
+                    let what = format!("{name} prompt {i}, {choice:?} on {}", plugin.display());
+                    let tol = |lp: f32| (rel * f64::from(lp.abs().max(1.0))) as f32;
+                    let comparable = want
+                        .top_logprobs
+                        .iter()
+                        .position(|top| top[0].1 - top[1].1 < 2.0 * tol(top[0].1))
+                        .unwrap_or(want.token_ids.len());
+                    assert_eq!(
+                        got.token_ids[..comparable],
+                        want.token_ids[..comparable],
+                        "{what}"
+                    );
+                    // Logprob values are reported, not bounded: the bound is on the logits'
+                    // scale, which the logprobs do not give (a Q4_1 step moved 0.099 nats at
+                    // a logprob of -2.47).
+                    for k in 0..comparable {
+                        let (w, g) = (want.logprobs[k].unwrap(), got.logprobs[k].unwrap());
+                        largest = largest.max((w - g).abs());
+                    }
+                    assert!(comparable > 0, "{what}: no step to compare");
+                }
+            }
+        }
+        eprintln!("{name}: largest logprob change {largest:e} (margin bound {rel:.3} relative)");
+    }
+}
+
+/// The real SmolLM2 Q4_1 GGUF kept as blocks with `quantize_activations`: on every plugin both
+/// bodies give transformers' greedy ids up to the first golden step whose top-2 margin is under
+/// twice [`rounding_rel`] (independent errors) of the step's largest logit magnitude.
+#[test]
+fn smollm2_with_quantized_activations_reproduces_the_transformers_goldens_within_the_rounding_bound()
+ {
+    let gguf = workspace_root().join(".tlaloc/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run `bash scripts/setup.sh`",
+        gguf.display()
+    );
+    let dir = export_with(&gguf, "smollm2-xq8", true, true);
+    let layers = Artifact::open(&dir).unwrap().manifest().model.num_layers;
+    let rel = rounding_rel(layers, false);
+    let golden = goldens("SmolLM2-135M-Instruct");
+    let cases: Vec<&serde_json::Value> =
+        golden["cases"].as_array().unwrap().iter().take(4).collect();
+    let threshold = |step: &serde_json::Value| {
+        let scale = step["top_logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap().abs())
+            .fold(0.0, f64::max);
+        2.0 * rel * scale
+    };
+    let compared = assert_goldens_above(&dir, &cases, "smollm2-xq8-compile-cache", &threshold);
+    eprintln!("smollm2 with quantized activations: {compared} golden steps compared");
+    assert!(compared > 0, "the bound left no golden step to compare");
 }

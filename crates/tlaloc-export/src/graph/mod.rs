@@ -137,6 +137,10 @@ pub struct WeightPlan {
     /// Rows of the RoPE tables: the largest position + 1 any entry can see.
     pub rope_positions: usize,
     pub slots: Vec<WeightSlot>,
+    /// Round the input of every matrix multiplication against a block-quantized weight to
+    /// 8-bit codes per 32-element block first (`Graph::round_activation_blocks`), in every
+    /// body: the `cpu` variant's `_xq8` kernels then multiply integers (f32 exports only).
+    pub quantize_activations: bool,
 }
 
 /// The weight slots of one decoder layer: a name and the checkpoint roles whose rows it holds.
@@ -239,6 +243,7 @@ impl WeightPlan {
             dtype,
             rope_positions,
             slots,
+            quantize_activations: false,
         }
     }
 }
@@ -339,6 +344,7 @@ pub fn forward_program(
         attention,
         quant,
         kind,
+        quantize_activations: plan.quantize_activations,
     };
     build(&mut g, plan, kv, point).map_err(|source| GraphError::Hlo { entry, source })
 }
@@ -359,6 +365,8 @@ struct Graph {
     quant: Option<KvQuant>,
     /// Which body this is.
     kind: BodyKind,
+    /// See [`WeightPlan::quantize_activations`].
+    quantize_activations: bool,
 }
 
 /// Largest i8 code of symmetric absmax quantization (-128 is never used, so the range is
@@ -712,13 +720,26 @@ impl Graph {
         // dequantizes as the portable body does and calls the dense kernel (the same function,
         // not a more exact one).
         let block_kernel = block.filter(|_| cpu_kernel && self.matrix == ScalarType::F32);
+        let round = block.is_some() && self.quantize_activations;
         let y = if let Some(format) = block_kernel {
-            // The kernel takes the raw blocks; x is f32, as the portable body's dot takes it.
+            // The kernel takes the raw blocks; x is f32, as the portable body's dot takes it
+            // (an `_xq8` kernel rounds x itself, as the portable body does below).
             let x = self.in_dtype(x, ScalarType::F32)?;
             let w = self.operand(slot)?;
-            let target = kernels::cpu_matmul_blocks(format);
+            let target = if round {
+                kernels::cpu_matmul_blocks_xq8(format)
+            } else {
+                kernels::cpu_matmul_blocks(format)
+            };
             self.f
                 .custom_call(target, &[x, w], f32_ty(&[n, out]), &[])?
+        } else if round {
+            let x = self.round_activation_blocks(x)?;
+            let w = self.weight(slot)?;
+            let dims = DotDims::contracting(1, 1);
+            let precision = self.precision(self.matrix);
+            self.f
+                .dot_general(x, w, &dims, precision, Some(ScalarType::F32))?
         } else if cpu_kernel {
             let w = self.weight(slot)?;
             // The host kernel takes x in f32; x was rounded to the matrix dtype above, as the
@@ -759,6 +780,28 @@ impl Graph {
                 self.f.add(y, b)
             }
         }
+    }
+
+    /// `x [N, K] f32` with each 32-element block of a row replaced by `s · code`, `s = max|x| /
+    /// 127`, `code = round_half_even(x / s)` clamped to `[-127, 127]`: the rounding the `_xq8`
+    /// kernels' contract states (`kernels::CPU_MATMUL_Q8_0_XQ8`), by the K/V pools' own
+    /// symmetric quantization ([`quantize_rows`]) over `[N, K / 32, 32]`.
+    fn round_activation_blocks(&mut self, x: Value) -> Result<Value, HloError> {
+        let dims = self.dims(x)?;
+        let (n, k) = (dims[0], dims[1]);
+        let block = kernels::ACTIVATION_BLOCK;
+        let blocks = self.f.reshape(x, [n, k / block, block])?;
+        let quant = KvQuant {
+            code: ScalarType::I8,
+            code_max: kernels::ACTIVATION_CODE_MAX,
+        };
+        let (codes, scales) = quantize_rows(self, quant, blocks)?;
+        let codes = self.f.convert(codes, ScalarType::F32)?;
+        let scales = self
+            .f
+            .broadcast_in_dim(scales, [n, k / block, block], [0, 1])?;
+        let rounded = self.f.mul(codes, scales)?;
+        self.f.reshape(rounded, [n, k])
     }
 
     /// RMSNorm of `x [N, H] f32` with the f32 weight `slot`.

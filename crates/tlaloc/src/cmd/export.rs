@@ -90,6 +90,11 @@ pub struct ExportArgs {
     /// instead of dequantizing them at export.
     #[arg(long)]
     keep_quantized: bool,
+    /// With --keep-quantized (f32): round the input of each matrix multiplication against a
+    /// kept block weight to 8-bit codes per 32 elements, as llama.cpp does, so the CPU variant
+    /// multiplies integers (faster decode; logits move by the rounding).
+    #[arg(long)]
+    quantize_activations: bool,
     /// After exporting, compile every entry with this plugin and ship the executables in the
     /// artifact (as `tlaloc compile`); repeatable, one set per plugin.
     #[arg(long, value_name = "PLUGIN")]
@@ -144,6 +149,7 @@ impl ExportArgs {
             force: self.force,
             cpu_variant: self.variants.contains(&VariantArg::Cpu),
             keep_quantized: self.keep_quantized,
+            quantize_activations: self.quantize_activations,
         }
     }
 }
