@@ -5,7 +5,8 @@
 #   - llama.cpp: `llama-bench` (prefill of 16 and 128 tokens, decode of 64 tokens at batch 1) and
 #     `llama-batched-bench` (128-token prompts, 64 tokens decoded, batch 1 and 8);
 #   - Tlaloc: the same GGUF exported with the `cpu` variant (`--keep-quantized` for Q8_0 and Q4_1,
-#     so the kernels read the blocks), `tlaloc bench --batch 1,8` after 128- and 16-token prompts.
+#     so the kernels read the blocks; for those two also with `--quantize-activations`, llama.cpp's
+#     integer dots), `tlaloc bench --batch 1,8` after 128- and 16-token prompts.
 # Writes OUT/runs.jsonl (one line per measurement) and prints one markdown table.
 # Usage: bash scripts/bench/llama_cpp.sh OUT
 # Needs `bash scripts/setup.sh` (plugins and the model). The first run builds llama.cpp from the
@@ -94,26 +95,33 @@ for line in sys.stdin:
                       "tokens": tg, "prompt": pp, "ms": t_tg * 1e3 / tg, "tool": "llama-batched-bench"}))' "$wtype" |
     while read -r line; do emit "$line"; done
 
-  echo "tlaloc $wtype..." >&2
-  keep=()
-  dtype=f32
-  [ "$wtype" = f32 ] || keep=(--keep-quantized)
-  artifact="$OUT/tlaloc-$wtype"
-  "$TLALOC" export --checkpoint "$model" --out "$artifact" --dtype "$dtype" "${keep[@]}" \
-    --max-batch 8 --max-context 256 --prefill-chunk 16,128 --variants cpu --force >/dev/null
-  for prompt in 128 16; do
-    "$TLALOC" bench --artifact "$artifact" --plugin "$PLUGIN" --batch 1,8 --prompt-len "$prompt" \
-      --gen-len 64 --compile-cache "$OUT/compile-cache" --json 2>/dev/null |
-      python3 -c 'import json, sys
+  # Kept blocks are run twice: f32 activations (the blocks widened in the matmul) and activations
+  # rounded to 8-bit codes per 32 elements (`--quantize-activations`, integer dots: llama.cpp's
+  # arithmetic), recorded as system "tlaloc-xq8".
+  variants=(tlaloc)
+  [ "$wtype" = f32 ] || variants+=(tlaloc-xq8)
+  for system in "${variants[@]}"; do
+    echo "$system $wtype..." >&2
+    keep=()
+    [ "$wtype" = f32 ] || keep=(--keep-quantized)
+    [ "$system" = tlaloc-xq8 ] && keep+=(--quantize-activations)
+    artifact="$OUT/$system-$wtype"
+    "$TLALOC" export --checkpoint "$model" --out "$artifact" --dtype f32 "${keep[@]}" \
+      --max-batch 8 --max-context 256 --prefill-chunk 16,128 --variants cpu --force >/dev/null
+    for prompt in 128 16; do
+      "$TLALOC" bench --artifact "$artifact" --plugin "$PLUGIN" --batch 1,8 --prompt-len "$prompt" \
+        --gen-len 64 --compile-cache "$OUT/compile-cache" --json 2>/dev/null |
+        python3 -c 'import json, sys
 d = json.load(sys.stdin)
 for b in d["batches"]:
-    print(json.dumps({"system": "tlaloc", "wtype": sys.argv[1], "kind": "decode", "batch": b["batch"],
+    print(json.dumps({"system": sys.argv[3], "wtype": sys.argv[1], "kind": "decode", "batch": b["batch"],
                       "tokens": 64, "prompt": int(sys.argv[2]), "ms": b["decode"]["wall_ms_per_step"],
                       "floor_ms": b["decode"]["floor_ms"], "tool": "tlaloc bench"}))
     if b["batch"] == 1:
-        print(json.dumps({"system": "tlaloc", "wtype": sys.argv[1], "kind": "prefill", "batch": 1,
+        print(json.dumps({"system": sys.argv[3], "wtype": sys.argv[1], "kind": "prefill", "batch": 1,
                           "tokens": int(sys.argv[2]), "ms": b["prefill"]["ms_per_prompt"], "tool": "tlaloc bench"}))' \
-        "$wtype" "$prompt" | while read -r line; do emit "$line"; done
+          "$wtype" "$prompt" "$system" | while read -r line; do emit "$line"; done
+    done
   done
 done
 
@@ -132,13 +140,16 @@ def ratio(a, b):
     return "—" if a is None or b is None else f"{a / b:.2f}x"
 print("| weights | decode ms/token b1: tlaloc | llama.cpp | ratio | b8 ms/step: tlaloc | llama.cpp | ratio | prefill 16 ms: tlaloc | llama.cpp | prefill 128 ms: tlaloc | llama.cpp | ratio |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for w in ["f32", "q8_0", "q4_1"]:
-    t1, l1 = ms("tlaloc", w, "decode", 1, 0), ms("llama.cpp", w, "decode", 1, 0)
-    t8, l8 = ms("tlaloc", w, "decode", 8, 0), ms("llama.cpp", w, "decode", 8, 0)
-    p16 = ms("tlaloc", w, "prefill", 1, 16), ms("llama.cpp", w, "prefill", 1, 16)
-    p128 = ms("tlaloc", w, "prefill", 1, 128), ms("llama.cpp", w, "prefill", 1, 128)
-    print(f"| {w} | {fmt(t1)} | {fmt(l1)} | {ratio(t1, l1)} | {fmt(t8)} | {fmt(l8)} | {ratio(t8, l8)} | "
+rows = [("f32", "tlaloc"), ("q8_0", "tlaloc"), ("q8_0", "tlaloc-xq8"), ("q4_1", "tlaloc"), ("q4_1", "tlaloc-xq8")]
+for w, system in rows:
+    t1, l1 = ms(system, w, "decode", 1, 0), ms("llama.cpp", w, "decode", 1, 0)
+    t8, l8 = ms(system, w, "decode", 8, 0), ms("llama.cpp", w, "decode", 8, 0)
+    p16 = ms(system, w, "prefill", 1, 16), ms("llama.cpp", w, "prefill", 1, 16)
+    p128 = ms(system, w, "prefill", 1, 128), ms("llama.cpp", w, "prefill", 1, 128)
+    label = w if system == "tlaloc" else f"{w}, activations q8"
+    print(f"| {label} | {fmt(t1)} | {fmt(l1)} | {ratio(t1, l1)} | {fmt(t8)} | {fmt(l8)} | {ratio(t8, l8)} | "
           f"{fmt(p16[0])} | {fmt(p16[1])} | {fmt(p128[0])} | {fmt(p128[1])} | {ratio(p128[0], p128[1])} |")
-print("\nratio: tlaloc / llama.cpp time (under 1: tlaloc faster). llama.cpp's batch-1 decode is the "
+print("\nratio: tlaloc / llama.cpp time (under 1: tlaloc faster); \"activations q8\": exported with "
+      "--quantize-activations. llama.cpp's batch-1 decode is the "
       "median of llama-bench (empty context) and llama-batched-bench (after 128 tokens).")
 PY

@@ -16,7 +16,8 @@ pub const PORTABLE: &str = "portable";
 
 /// The CPU variant: the portable body with its matrix multiplications of few rows replaced by
 /// [`CPU_MATMUL`] calls (for block-quantized weights of an f32 export, the call
-/// [`cpu_matmul_blocks`] names).
+/// [`cpu_matmul_blocks`] names) and, over unquantized K/V pools, its attention by
+/// [`CPU_PAGED_ATTENTION`].
 pub const CPU_VARIANT: &str = "cpu";
 
 /// The platform name of the CPU plugins' clients.
@@ -109,8 +110,23 @@ pub const fn cpu_matmul_blocks_xq8(format: BlockFormat) -> &'static str {
     }
 }
 
+/// Paged attention on the host, reading the K/V pools in place (no gathered pages): operand 0
+/// `q [N, heads, D]` f32 (`N = B * T`, after RoPE), operands 1 and 2 the layer's K and V pools
+/// `[numBlocks, blockSize, kvHeads, D]` as the step's K/V write left them (both f32 or both
+/// bf16), operand 3 `blockTables [B, C / blockSize]`, 4 `positions [B, T]`, 5 `seqLens [B]`
+/// (all i32, the step's inputs), 6 the score scale `f32 []`, 7 the layer's window `i32 []` (0:
+/// none); result `[N, heads * D]` f32. No attributes. It computes the portable body's attention:
+/// query head `h` of row `b` at position `p` sees key `c` (in page `blockTables[b, c /
+/// blockSize]`, an index past the pool clamped into it, slot `c % blockSize`) when `c <= p`,
+/// `c < seqLens[b]` and, with a window `w`, `c > p - w`; scores `(q · k) · scale` in f32, a
+/// softmax with the maximum subtracted, the probability-weighted sum of the values; a query
+/// that sees no key weighs all `C` keys alike, as the masked softmax does. With bf16 pools q
+/// and the probabilities are rounded to bf16 before their dots, as the portable body's bf16
+/// dots take them. Only the order of the f32 sums differs from the portable body.
+pub const CPU_PAGED_ATTENTION: &str = "tlaloc.cpu.paged_attention";
+
 /// Every kernel a variant may call, with the platform it runs on.
-pub const KERNELS: [(&str, &str); 13] = [
+pub const KERNELS: [(&str, &str); 14] = [
     (CPU_MATMUL, CPU_PLATFORM),
     (CPU_MATMUL_Q8_0, CPU_PLATFORM),
     (CPU_MATMUL_Q4_0, CPU_PLATFORM),
@@ -124,6 +140,7 @@ pub const KERNELS: [(&str, &str); 13] = [
     (CPU_MATMUL_Q5_0_XQ8, CPU_PLATFORM),
     (CPU_MATMUL_Q4_K_XQ8, CPU_PLATFORM),
     (CPU_MATMUL_Q6_K_XQ8, CPU_PLATFORM),
+    (CPU_PAGED_ATTENTION, CPU_PLATFORM),
 ];
 
 /// The most rows (`B * T` of an entry) for which the CPU variant replaces a matrix

@@ -366,11 +366,14 @@ fn the_hugging_face_config_agrees_with_the_checkpoints_own() {
 
 /// The CPU variant adds a second body to exactly the entries of at most
 /// `CPU_VARIANT_MAX_ROWS` rows, each calling the host matmul wherever the portable body has
-/// a projection or the LM head, and changes nothing else: the portable bodies, programs and
-/// weights are the files of an export without it, and two exports with it are identical.
+/// a projection or the LM head and the host attention once per layer, and changes nothing
+/// else: the portable bodies, programs and weights are the files of an export without it, and
+/// two exports with it are identical.
 #[test]
 fn the_cpu_variant_adds_kernel_bodies_to_entries_of_few_rows_and_nothing_else() {
-    use tlaloc_artifact::kernels::{CPU_MATMUL, CPU_PLATFORM, CPU_VARIANT, CPU_VARIANT_MAX_ROWS};
+    use tlaloc_artifact::kernels::{
+        CPU_MATMUL, CPU_PAGED_ATTENTION, CPU_PLATFORM, CPU_VARIANT, CPU_VARIANT_MAX_ROWS,
+    };
     let src = support::fixture("tiny-llama-gqa");
     // Prefill chunks of 16 (16 rows: a variant) and 64 (none).
     let plain = support::scratch_dir("export-cpu-variant-plain");
@@ -409,19 +412,34 @@ fn the_cpu_variant_adds_kernel_bodies_to_entries_of_few_rows_and_nothing_else() 
             Some(v) => {
                 assert!(rows <= CPU_VARIANT_MAX_ROWS, "{}: {rows} rows", entry.name);
                 assert_eq!(v.platform, CPU_PLATFORM);
-                assert_eq!(v.kernels, [CPU_MATMUL]);
+                assert_eq!(v.kernels, [CPU_MATMUL, CPU_PAGED_ATTENTION]);
                 let text = artifact.body_text(&entry.with_body(&v.body)).unwrap();
-                // qkv, o, gate_up and down per layer, and the LM head; no dot_general left
-                // but attention's two per layer.
-                let calls = text
-                    .matches(&format!("call_target_name = \"{CPU_MATMUL}\""))
-                    .count();
-                assert_eq!(calls, 4 * layers + 1, "{}", entry.name);
+                let calls = |target: &str| {
+                    text.matches(&format!("call_target_name = \"{target}\""))
+                        .count()
+                };
+                // qkv, o, gate_up and down per layer, and the LM head; attention once per
+                // layer, reading the pools in place: no dot_general and no page gather left.
+                assert_eq!(calls(CPU_MATMUL), 4 * layers + 1, "{}", entry.name);
+                assert_eq!(calls(CPU_PAGED_ATTENTION), layers, "{}", entry.name);
                 let portable = artifact.body_text(entry).unwrap();
                 assert_eq!(portable.matches("custom_call").count(), 0);
                 assert_eq!(
+                    portable.matches("stablehlo.dot_general").count(),
+                    4 * layers + 1 + 2 * layers,
+                    "{}",
+                    entry.name
+                );
+                assert_eq!(
                     text.matches("stablehlo.dot_general").count(),
-                    2 * layers,
+                    0,
+                    "{}",
+                    entry.name
+                );
+                // The embedding's row gather and the RoPE tables' remain; the pages' do not.
+                assert!(
+                    text.matches("stablehlo.gather").count()
+                        < portable.matches("stablehlo.gather").count(),
                     "{}",
                     entry.name
                 );

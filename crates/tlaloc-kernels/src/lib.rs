@@ -1,6 +1,7 @@
-//! Host matmul kernels for the CPU serving path: `y = x · wᵀ` with the weight matrix as stored in the
+//! Host kernels for the CPU serving path: `y = x · wᵀ` with the weight matrix as stored in the
 //! artifact (`[out, inner]`, row-major; f32, bf16, or the GGUF blocks Q8_0, Q4_0, Q4_1, Q5_0, Q4_K
-//! and Q6_K).
+//! and Q6_K), and paged attention over the K/V pools read in place ([`paged_attention`], its own
+//! module doc).
 //!
 //! Decode multiplies a handful of activation rows by every weight matrix once per step, so the work is
 //! bound by memory bandwidth, not arithmetic. The design decision that follows: each weight row is
@@ -13,7 +14,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod attention;
 mod simd;
+
+pub use attention::{AttentionError, AttentionInputs, AttentionShape, KvPool, paged_attention};
 
 use rayon::prelude::*;
 

@@ -6,8 +6,10 @@
 use std::sync::{Arc, OnceLock};
 
 use tlaloc_artifact::BlockFormat;
-use tlaloc_artifact::kernels::{CPU_MATMUL, cpu_matmul_blocks, cpu_matmul_blocks_xq8};
-use tlaloc_kernels::Matrix;
+use tlaloc_artifact::kernels::{
+    CPU_MATMUL, CPU_PAGED_ATTENTION, cpu_matmul_blocks, cpu_matmul_blocks_xq8,
+};
+use tlaloc_kernels::{AttentionInputs, AttentionShape, KvPool, Matrix};
 use tlaloc_pjrt::{HostBuffer, HostBufferMut, HostElementType, HostKernel};
 
 /// The kernel registered for `target`, if this runtime has one: one instance per target for
@@ -19,8 +21,16 @@ pub(crate) fn kernel_for(target: &str) -> Option<Arc<dyn HostKernel>> {
         [const { OnceLock::new() }; BlockFormat::ALL.len()];
     static BLOCKS_XQ8: [OnceLock<Arc<dyn HostKernel>>; BlockFormat::ALL.len()] =
         [const { OnceLock::new() }; BlockFormat::ALL.len()];
+    static ATTENTION: OnceLock<Arc<dyn HostKernel>> = OnceLock::new();
     if target == CPU_MATMUL {
         return Some(MATMUL.get_or_init(|| Arc::new(CpuMatmul)).clone());
+    }
+    if target == CPU_PAGED_ATTENTION {
+        return Some(
+            ATTENTION
+                .get_or_init(|| Arc::new(CpuPagedAttention))
+                .clone(),
+        );
     }
     for (i, &format) in BlockFormat::ALL.iter().enumerate() {
         for (round_activations, name, cell) in [
@@ -167,6 +177,133 @@ impl HostKernel for CpuMatmulBlocks {
             tlaloc_kernels::matmul_xwt
         };
         matmul(x, rows, inner, w, out, y).map_err(|e| e.to_string())
+    }
+}
+
+/// [`CPU_PAGED_ATTENTION`]: `out [N, heads * D]` from `q [N, heads, D]`, the K and V pools
+/// `[numBlocks, blockSize, kvHeads, D]` (f32 or bf16), `blockTables [B, pages]`, `positions
+/// [B, T]`, `seqLens [B]`, `scale f32 []` and `window i32 []`.
+struct CpuPagedAttention;
+
+/// `dims` as `N` non-negative sizes, or the contract's refusal naming `what`.
+fn dims_n<const N: usize>(what: &str, dims: &[i64]) -> Result<[usize; N], String> {
+    let sizes: Option<Vec<usize>> = dims.iter().map(|&d| usize::try_from(d).ok()).collect();
+    sizes
+        .and_then(|v| <[usize; N]>::try_from(v).ok())
+        .ok_or_else(|| format!("{CPU_PAGED_ATTENTION}: {what} must have {N} dims, it has {dims:?}"))
+}
+
+fn i32_operand<'a>(what: &str, b: &HostBuffer<'a>) -> Result<&'a [i32], String> {
+    b.as_i32().ok_or_else(|| {
+        format!(
+            "{CPU_PAGED_ATTENTION}: {what} must be i32, it is {:?}",
+            b.dtype()
+        )
+    })
+}
+
+fn pool<'a>(what: &str, b: &HostBuffer<'a>) -> Result<KvPool<'a>, String> {
+    match b.dtype() {
+        HostElementType::F32 => b.as_f32().map(KvPool::F32),
+        HostElementType::Bf16 => b.as_u16().map(KvPool::Bf16),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        format!(
+            "{CPU_PAGED_ATTENTION}: the {what} pool must be f32 or bf16, it is {:?}",
+            b.dtype()
+        )
+    })
+}
+
+impl HostKernel for CpuPagedAttention {
+    fn execute(
+        &self,
+        args: &[HostBuffer<'_>],
+        results: &mut [HostBufferMut<'_>],
+    ) -> Result<(), String> {
+        let t = CPU_PAGED_ATTENTION;
+        let [q, k, v, block_tables, positions, seq_lens, scale, window] = args else {
+            return Err(format!(
+                "{t} takes eight operands (q, k, v, blockTables, positions, seqLens, scale, \
+                 window), it was given {}",
+                args.len()
+            ));
+        };
+        let [out] = results else {
+            return Err(format!(
+                "{t} has one result, it was given {}",
+                results.len()
+            ));
+        };
+        let [rows, heads, head_dim] = dims_n("q", q.dims())?;
+        let [num_blocks, block_size, kv_heads, pool_dim] = dims_n("k", k.dims())?;
+        let [batch, pages] = dims_n("blockTables", block_tables.dims())?;
+        let [position_rows, tokens] = dims_n("positions", positions.dims())?;
+        let [out_rows, out_cols] = dims_n("the result", out.dims())?;
+        if k.dims() != v.dims()
+            || pool_dim != head_dim
+            || position_rows != batch
+            || rows != batch * tokens
+            || out_rows != rows
+            || out_cols != heads * head_dim
+        {
+            return Err(format!(
+                "{t}: q {:?}, k {:?}, v {:?}, blockTables {:?}, positions {:?} and the result \
+                 {:?} must be [B * T, heads, D], two pools [blocks, blockSize, kvHeads, D], \
+                 [B, pages], [B, T] and [B * T, heads * D]",
+                q.dims(),
+                k.dims(),
+                v.dims(),
+                block_tables.dims(),
+                positions.dims(),
+                out.dims()
+            ));
+        }
+        let shape = AttentionShape {
+            batch,
+            tokens,
+            heads,
+            kv_heads,
+            head_dim,
+            num_blocks,
+            block_size,
+            context: pages * block_size,
+        };
+        let scale = match scale.as_f32() {
+            Some(&[s]) => s,
+            _ => {
+                return Err(format!(
+                    "{t}: scale must be one f32, it is {:?} {:?}",
+                    scale.dtype(),
+                    scale.dims()
+                ));
+            }
+        };
+        let window = match i32_operand("window", window)? {
+            &[0] => None,
+            &[w] if w > 0 => Some(w as usize),
+            other => {
+                return Err(format!(
+                    "{t}: window must be one i32, 0 (none) or positive, it is {other:?}"
+                ));
+            }
+        };
+        let inputs = AttentionInputs {
+            q: q.as_f32()
+                .ok_or_else(|| format!("{t}: q must be f32, it is {:?}", q.dtype()))?,
+            block_tables: i32_operand("blockTables", block_tables)?,
+            positions: i32_operand("positions", positions)?,
+            seq_lens: i32_operand("seqLens", seq_lens)?,
+            scale,
+            window,
+        };
+        let (k, v) = (pool("K", k)?, pool("V", v)?);
+        let dtype = out.dtype();
+        let out = out
+            .as_f32_mut()
+            .ok_or_else(|| format!("{t}: the result must be f32, it is {dtype:?}"))?;
+        tlaloc_kernels::paged_attention(&shape, &inputs, k, v, out).map_err(|e| e.to_string())
     }
 }
 

@@ -1,7 +1,9 @@
 //! K/V pool dtypes through the runtime: the pools a loaded model allocates are the manifest's
 //! layout byte for byte (scales included) for f32, bf16, int8 and fp8 pools, and fp8 pools load
 //! only on a plugin that runs f8E4M3FN, refused by name on the others; served through the
-//! engine, quantized pools reproduce the fixture's goldens on their decided steps.
+//! engine, quantized pools reproduce the fixture's goldens on their decided steps, and so do
+//! the `cpu` variant's bodies over bf16 pools (read in place by its attention kernel) and over
+//! int8 pools.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +12,8 @@ use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::{
-    CompileMode, Engine, EngineOptions, GenerateRequest, LoadError, LoadOptions, Model, TokenEvent,
+    CompileMode, Engine, EngineOptions, GenerateRequest, KernelChoice, LoadError, LoadOptions,
+    Model, TokenEvent,
 };
 
 fn workspace_root() -> PathBuf {
@@ -18,16 +21,23 @@ fn workspace_root() -> PathBuf {
 }
 
 fn export_tiny(kv_dtype: Dtype) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kv-pools-{kv_dtype}"));
+    export_tiny_with(Dtype::F32, kv_dtype, false)
+}
+
+/// The fixture exported as `dtype` with `kv_dtype` pools, with the `cpu` variant or without.
+fn export_tiny_with(dtype: Dtype, kv_dtype: Dtype, cpu_variant: bool) -> PathBuf {
+    let variant = if cpu_variant { "-cpu" } else { "" };
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kv-pools-{dtype}-{kv_dtype}{variant}"));
     if out.exists() {
         std::fs::remove_dir_all(&out).unwrap();
     }
     let options = ExportOptions {
-        dtype: Dtype::F32,
+        dtype,
         kv_dtype: Some(kv_dtype),
         ladder: LadderOptions::full_pool(2, 128, 16, vec![16]),
         force: false,
-        cpu_variant: false,
+        cpu_variant,
         keep_quantized: false,
         quantize_activations: false,
     };
@@ -150,6 +160,40 @@ const BF16_UNIT_ROUNDOFF: f64 = 1.0 / 256.0;
 /// crate's `forward.rs`), which covers the pools' rounding: past it, either token is right.
 #[test]
 fn quantized_pools_serve_the_fixture_goldens() {
+    for kv_dtype in [Dtype::I8, Dtype::F8E4M3FN] {
+        let dir = export_tiny(kv_dtype);
+        assert_serves_goldens(&dir, KernelChoice::Auto, None, &format!("{kv_dtype} pools"));
+    }
+}
+
+/// The `cpu` variant's attention kernel reads bf16 pools in place with the portable body's
+/// roundings (q and the probabilities to bf16), so a bf16 export served by the variant keeps
+/// to the same bf16 rule on the goldens as its portable body; over int8 pools the variant keeps
+/// the graph's attention and serves them too. The load line says which bodies ran.
+#[test]
+fn the_cpu_variant_serves_the_fixture_goldens_over_bf16_and_int8_pools() {
+    for (dtype, kv_dtype) in [(Dtype::Bf16, Dtype::Bf16), (Dtype::F32, Dtype::I8)] {
+        let dir = export_tiny_with(dtype, kv_dtype, true);
+        let entries = tlaloc_artifact::Artifact::open(&dir)
+            .unwrap()
+            .manifest()
+            .entries
+            .len();
+        let what = format!("{dtype} export, {kv_dtype} pools");
+        let variant_line = format!("variant cpu for {entries}");
+        assert_serves_goldens(&dir, KernelChoice::Auto, Some(&variant_line), &what);
+        assert_serves_goldens(
+            &dir,
+            KernelChoice::Portable,
+            Some("portable for all"),
+            &what,
+        );
+    }
+}
+
+/// Loads `dir` on every test plugin with `kernels` (checking the load's bodies line contains
+/// `bodies`, where given) and checks the greedy ids of every golden case on its decided steps.
+fn assert_serves_goldens(dir: &Path, kernels: KernelChoice, bodies: Option<&str>, what: &str) {
     let golden: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(workspace_root().join("tests/data/goldens/tiny-llama-gqa.json"))
             .unwrap(),
@@ -162,74 +206,83 @@ fn quantized_pools_serve_the_fixture_goldens() {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect()
     };
-    for kv_dtype in [Dtype::I8, Dtype::F8E4M3FN] {
-        let dir = export_tiny(kv_dtype);
-        let layers = tlaloc_artifact::Artifact::open(&dir)
-            .unwrap()
-            .manifest()
-            .model
-            .num_layers;
-        let units = ((16 * layers + 2) as f64 / 3.0).sqrt();
-        for plugin in test_plugin_paths() {
-            let engine = Engine::load_with_options(
-                &dir,
-                LoadOptions {
-                    plugin: PluginRequest::Path(plugin.clone()),
-                    compile: CompileMode::Lazy,
-                    compile_cache: None,
-                    ..LoadOptions::default()
-                },
-                EngineOptions::default(),
-            )
-            .unwrap();
-            for case in golden["cases"].as_array().unwrap() {
-                let want = ids(&case["greedy_ids"]);
-                let decided = case["steps"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .position(|s| {
-                        let top = s["top_logits"].as_array().unwrap();
-                        let scale = top[0]
-                            .as_f64()
-                            .unwrap()
-                            .abs()
-                            .max(top[1].as_f64().unwrap().abs());
-                        s["margin"].as_f64().unwrap() <= 2.0 * units * BF16_UNIT_ROUNDOFF * scale
-                    })
-                    .unwrap_or(want.len());
-                let request = GenerateRequest {
-                    ignore_eos: true,
-                    ..GenerateRequest::greedy(ids(&case["prompt_ids"]), want.len())
-                };
-                let mut events = engine.submit(request).unwrap().1;
-                let mut got = Vec::new();
-                while let Some(event) = events.blocking_recv() {
-                    match event {
-                        TokenEvent::Token { id, .. } => got.push(id),
-                        TokenEvent::Finished { .. } => break,
-                        TokenEvent::Error { message } => panic!("{kv_dtype}: {message}"),
-                    }
-                }
-                eprintln!(
-                    "{kv_dtype} pools on {}, case {}: {} of {} decided steps match",
-                    plugin.display(),
-                    case["name"],
-                    got.iter()
-                        .zip(&want)
-                        .take(decided)
-                        .filter(|(a, b)| a == b)
-                        .count(),
-                    decided
-                );
-                assert_eq!(
-                    got[..decided],
-                    want[..decided],
-                    "{kv_dtype}, case {}",
-                    case["name"]
-                );
-            }
-            engine.shutdown();
+    let layers = tlaloc_artifact::Artifact::open(dir)
+        .unwrap()
+        .manifest()
+        .model
+        .num_layers;
+    let units = ((16 * layers + 2) as f64 / 3.0).sqrt();
+    for plugin in test_plugin_paths() {
+        let engine = Engine::load_with_options(
+            dir,
+            LoadOptions {
+                plugin: PluginRequest::Path(plugin.clone()),
+                compile: CompileMode::Lazy,
+                compile_cache: None,
+                kernels,
+                ..LoadOptions::default()
+            },
+            EngineOptions::default(),
+        )
+        .unwrap();
+        if let Some(bodies) = bodies {
+            let line = engine
+                .load_timings()
+                .and_then(|t| t.bodies.clone())
+                .unwrap_or_default();
+            assert!(
+                line.contains(bodies),
+                "{what} on {}: {line}",
+                plugin.display()
+            );
         }
+        for case in golden["cases"].as_array().unwrap() {
+            let want = ids(&case["greedy_ids"]);
+            let decided = case["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|s| {
+                    let top = s["top_logits"].as_array().unwrap();
+                    let scale = top[0]
+                        .as_f64()
+                        .unwrap()
+                        .abs()
+                        .max(top[1].as_f64().unwrap().abs());
+                    s["margin"].as_f64().unwrap() <= 2.0 * units * BF16_UNIT_ROUNDOFF * scale
+                })
+                .unwrap_or(want.len());
+            let request = GenerateRequest {
+                ignore_eos: true,
+                ..GenerateRequest::greedy(ids(&case["prompt_ids"]), want.len())
+            };
+            let mut events = engine.submit(request).unwrap().1;
+            let mut got = Vec::new();
+            while let Some(event) = events.blocking_recv() {
+                match event {
+                    TokenEvent::Token { id, .. } => got.push(id),
+                    TokenEvent::Finished { .. } => break,
+                    TokenEvent::Error { message } => panic!("{what}: {message}"),
+                }
+            }
+            eprintln!(
+                "{what} on {}, case {}: {} of {} decided steps match",
+                plugin.display(),
+                case["name"],
+                got.iter()
+                    .zip(&want)
+                    .take(decided)
+                    .filter(|(a, b)| a == b)
+                    .count(),
+                decided
+            );
+            assert_eq!(
+                got[..decided],
+                want[..decided],
+                "{what}, case {}",
+                case["name"]
+            );
+        }
+        engine.shutdown();
     }
 }

@@ -22,6 +22,7 @@ use half::f16;
 use tlaloc_artifact::kernels::{
     CPU_MATMUL_Q4_0, CPU_MATMUL_Q4_1, CPU_MATMUL_Q4_1_XQ8, CPU_MATMUL_Q4_K, CPU_MATMUL_Q4_K_XQ8,
     CPU_MATMUL_Q5_0, CPU_MATMUL_Q6_K, CPU_MATMUL_Q6_K_XQ8, CPU_MATMUL_Q8_0, CPU_MATMUL_Q8_0_XQ8,
+    CPU_PAGED_ATTENTION,
 };
 use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
 use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
@@ -640,8 +641,9 @@ fn check_kept_quantized(format: BlockFormat, kernel: &str) {
 }
 
 /// Exports `gguf` dense and kept and checks that every matrix slot is kept in
-/// `format_of(slot)`, that the entries' variants call `kernels`, and that the kept artifact's
-/// portable body and `cpu` variant run as the dense artifact on every plugin.
+/// `format_of(slot)`, that the entries' variants call `kernels` (and the host attention), and
+/// that the kept artifact's portable body and `cpu` variant run as the dense artifact on every
+/// plugin.
 fn check_kept(gguf: &Path, name: &str, format_of: &dyn Fn(&str) -> BlockFormat, kernels: &[&str]) {
     let dense = export_tiny(gguf, &format!("{name}-dense"), false);
     let kept = export_tiny(gguf, &format!("{name}-kept"), true);
@@ -712,7 +714,12 @@ fn check_kept(gguf: &Path, name: &str, format_of: &dyn Fn(&str) -> BlockFormat, 
             ]
         )
     );
-    let kernels: Vec<String> = kernels.iter().map(|k| k.to_string()).collect();
+    // The matrix kernels, then the host attention over the f32 pools.
+    let kernels: Vec<String> = kernels
+        .iter()
+        .chain(&[CPU_PAGED_ATTENTION])
+        .map(|k| k.to_string())
+        .collect();
     for entry in &km.entries {
         assert_eq!(entry.variants.len(), 1, "{}", entry.name);
         assert_eq!(entry.variants[0].kernels, kernels, "{}", entry.name);
@@ -934,7 +941,11 @@ fn quantized_activations_stay_within_the_rounding_bound_of_the_f32_function_on_e
         let dense = export_with(gguf, &format!("xq8-{name}-dense"), false, false);
         let rounded = export_with(gguf, &format!("xq8-{name}-rounded"), true, true);
         let manifest = Artifact::open(&rounded).unwrap().manifest().clone();
-        let kernels: Vec<String> = kernels.iter().map(|k| k.to_string()).collect();
+        let kernels: Vec<String> = kernels
+            .iter()
+            .chain(&[CPU_PAGED_ATTENTION])
+            .map(|k| k.to_string())
+            .collect();
         for entry in &manifest.entries {
             assert_eq!(entry.variants[0].kernels, kernels, "{name}: {}", entry.name);
         }

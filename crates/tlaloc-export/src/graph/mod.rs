@@ -68,6 +68,12 @@
 //! bf16's 7) and folds the scales in on the small side: the scores are multiplied by the K
 //! scale of their key, and the probabilities by the V scale of their value before the second
 //! dot, so no dequantized copy of the pages is made.
+//!
+//! The `cpu` variant over unquantized pools replaces everything between the K/V write and the
+//! output projection (the page gathers, both attention dots, the mask and the softmax) by one
+//! `tlaloc.cpu.paged_attention` call per layer on the written pools
+//! (`kernels::CPU_PAGED_ATTENTION` states the function: the same as above, read in place, only
+//! the visible keys). Quantized pools keep the graph's attention in the variant too.
 
 pub mod rope;
 
@@ -1077,6 +1083,9 @@ fn build(
 
     let slot = |layer: usize, name: &str| layer_slot(layer, name);
     let bias = |layer: usize, name: &str, present: bool| present.then(|| layer_slot(layer, name));
+    // The `cpu` variant reads unquantized pools in place with the host attention kernel
+    // (quantized pools keep the portable attention: the kernel has no scale pools).
+    let host_attention = g.kind == BodyKind::Cpu && g.quant.is_none();
     let mut new_pools = Vec::with_capacity(pool_args.len());
     for (layer, layer_pools) in pools.iter().enumerate() {
         let residual = h;
@@ -1124,6 +1133,7 @@ fn build(
             &inputs,
             b,
             context,
+            !host_attention,
         )?;
         let values = write_and_read(
             g,
@@ -1133,6 +1143,7 @@ fn build(
             &inputs,
             b,
             context,
+            !host_attention,
         )?;
         new_pools.push(keys.pool);
         new_pools.push(values.pool);
@@ -1141,63 +1152,87 @@ fn build(
             new_pools.push(v_scales);
         }
 
-        // The attention dots take the pages in the pool dtype (bf16 pages are not widened;
-        // the small operand is narrowed instead), quantized codes widened to the matrix dtype,
-        // and accumulate in f32.
-        let attention_precision = g.precision(g.attention);
-        // Scores [B, kvHeads, T, groups, C]: query head h uses KV head h / groups.
-        let q = g.f.reshape(q, [b, t, kv_heads, groups, d])?;
-        let q = g.in_attention_dtype(q)?;
-        let keys_pages = keys.pages;
-        let scores = g.f.dot_general(
-            q,
-            keys_pages,
-            &DotDims {
-                lhs_batch: vec![0, 2],
-                rhs_batch: vec![0, 2],
-                lhs_contract: vec![4],
-                rhs_contract: vec![3],
-            },
-            attention_precision,
-            Some(ScalarType::F32),
-        )?;
-        let mut scores = g.f.mul(scores, scale)?;
-        if let Some(k_scales) = keys.scales {
-            let k_scales = g.per_key(k_scales, scores_dims)?;
-            scores = g.f.mul(scores, k_scales)?;
-        }
-        let mask = match window {
-            Some(window) => window_masks[&window],
-            None => full_mask,
+        let attended = if host_attention {
+            // Window widths no position can reach past are the full mask, as below.
+            let window = window.filter(|&w| w < context).unwrap_or(0);
+            let window = g.f.splat(Scalar::I32(window as i32), Vec::<usize>::new())?;
+            let scale = g.f.full(&f32_ty(&[]), c.attention_scale)?;
+            g.f.custom_call(
+                kernels::CPU_PAGED_ATTENTION,
+                &[
+                    q,
+                    keys.pool,
+                    values.pool,
+                    inputs.block_tables,
+                    inputs.positions,
+                    inputs.seq_lens,
+                    scale,
+                    window,
+                ],
+                f32_ty(&[n, heads * d]),
+                &[],
+            )?
+        } else {
+            let (Some(keys_pages), Some(values_pages)) = (keys.pages, values.pages) else {
+                unreachable!("write_and_read gathers the pages unless the host kernel reads them");
+            };
+            // The attention dots take the pages in the pool dtype (bf16 pages are not widened;
+            // the small operand is narrowed instead), quantized codes widened to the matrix dtype,
+            // and accumulate in f32.
+            let attention_precision = g.precision(g.attention);
+            // Scores [B, kvHeads, T, groups, C]: query head h uses KV head h / groups.
+            let q = g.f.reshape(q, [b, t, kv_heads, groups, d])?;
+            let q = g.in_attention_dtype(q)?;
+            let scores = g.f.dot_general(
+                q,
+                keys_pages,
+                &DotDims {
+                    lhs_batch: vec![0, 2],
+                    rhs_batch: vec![0, 2],
+                    lhs_contract: vec![4],
+                    rhs_contract: vec![3],
+                },
+                attention_precision,
+                Some(ScalarType::F32),
+            )?;
+            let mut scores = g.f.mul(scores, scale)?;
+            if let Some(k_scales) = keys.scales {
+                let k_scales = g.per_key(k_scales, scores_dims)?;
+                scores = g.f.mul(scores, k_scales)?;
+            }
+            let mask = match window {
+                Some(window) => window_masks[&window],
+                None => full_mask,
+            };
+            let scores = g.f.select(mask, scores, masked_value)?;
+            let max = g.f.reduce_max(scores, [4])?;
+            let max = g.f.broadcast_in_dim(max, scores_dims, [0, 1, 2, 3])?;
+            let shifted = g.f.sub(scores, max)?;
+            let exp = g.f.exp(shifted)?;
+            let sum = g.f.reduce_sum(exp, [4])?;
+            let sum = g.f.broadcast_in_dim(sum, scores_dims, [0, 1, 2, 3])?;
+            let mut probs = g.f.div(exp, sum)?;
+            if let Some(v_scales) = values.scales {
+                let v_scales = g.per_key(v_scales, scores_dims)?;
+                probs = g.f.mul(probs, v_scales)?;
+            }
+            let probs = g.in_attention_dtype(probs)?;
+            // [B, kvHeads, T, groups, D] -> [B, T, kvHeads, groups, D] -> [N, heads * D].
+            let attended = g.f.dot_general(
+                probs,
+                values_pages,
+                &DotDims {
+                    lhs_batch: vec![0, 1],
+                    rhs_batch: vec![0, 2],
+                    lhs_contract: vec![4],
+                    rhs_contract: vec![1],
+                },
+                attention_precision,
+                Some(ScalarType::F32),
+            )?;
+            let attended = g.f.transpose(attended, [0, 2, 1, 3, 4])?;
+            g.f.reshape(attended, [n, heads * d])?
         };
-        let scores = g.f.select(mask, scores, masked_value)?;
-        let max = g.f.reduce_max(scores, [4])?;
-        let max = g.f.broadcast_in_dim(max, scores_dims, [0, 1, 2, 3])?;
-        let shifted = g.f.sub(scores, max)?;
-        let exp = g.f.exp(shifted)?;
-        let sum = g.f.reduce_sum(exp, [4])?;
-        let sum = g.f.broadcast_in_dim(sum, scores_dims, [0, 1, 2, 3])?;
-        let mut probs = g.f.div(exp, sum)?;
-        if let Some(v_scales) = values.scales {
-            let v_scales = g.per_key(v_scales, scores_dims)?;
-            probs = g.f.mul(probs, v_scales)?;
-        }
-        let probs = g.in_attention_dtype(probs)?;
-        // [B, kvHeads, T, groups, D] -> [B, T, kvHeads, groups, D] -> [N, heads * D].
-        let attended = g.f.dot_general(
-            probs,
-            values.pages,
-            &DotDims {
-                lhs_batch: vec![0, 1],
-                rhs_batch: vec![0, 2],
-                lhs_contract: vec![4],
-                rhs_contract: vec![1],
-            },
-            attention_precision,
-            Some(ScalarType::F32),
-        )?;
-        let attended = g.f.transpose(attended, [0, 2, 1, 3, 4])?;
-        let attended = g.f.reshape(attended, [n, heads * d])?;
         let o = g.linear(
             attended,
             &slot(layer, "o_proj"),
@@ -1300,15 +1335,17 @@ struct Pages {
     pool: Value,
     /// The updated scale pool, for quantized pools.
     scale_pool: Option<Value>,
-    /// Every row's keys or values `[B, C, kvHeads, D]` in the attention dtype.
-    pages: Value,
+    /// Every row's keys or values `[B, C, kvHeads, D]` in the attention dtype, when gathered.
+    pages: Option<Value>,
     /// Their scales `[B, C, kvHeads]` f32, for quantized pools.
     scales: Option<Value>,
 }
 
 /// Writes `rows [N, kvHeads, D]` f32 into `pool` at `slotMapping` (one scatter over the batch;
-/// for quantized pools the codes and, by the same index, their scales) and reads each row's
-/// pages back by `blockTables` (one gather each).
+/// for quantized pools the codes and, by the same index, their scales) and, with `gather`,
+/// reads each row's pages back by `blockTables` (one gather each; the host attention kernel
+/// reads the updated pool in place instead).
+#[allow(clippy::too_many_arguments)]
 fn write_and_read(
     g: &mut Graph,
     kv: &KvCacheLayout,
@@ -1317,6 +1354,7 @@ fn write_and_read(
     inputs: &Inputs,
     b: usize,
     context: usize,
+    gather: bool,
 ) -> Result<Pages, HloError> {
     let (blocks, block_size, kv_heads, d) =
         (kv.num_blocks, kv.block_size, kv.num_kv_heads, kv.head_dim);
@@ -1332,9 +1370,13 @@ fn write_and_read(
     // fusion and the output's, and copy insertion then copies the whole pool (three times per
     // step) to keep the two in-place updates apart (docs/benchmarks.md).
     let updated = g.f.optimization_barrier(updated)?;
-    let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads, d])?;
-    let pages = g.f.reshape(pages, [b, context, kv_heads, d])?;
-    let pages = g.in_attention_dtype(pages)?;
+    let pages = if gather {
+        let pages = gather_pages(g, updated, inputs, &[block_size, kv_heads, d])?;
+        let pages = g.f.reshape(pages, [b, context, kv_heads, d])?;
+        Some(g.in_attention_dtype(pages)?)
+    } else {
+        None
+    };
     let (scale_pool, scale_pages) = match (scale_pool, scales) {
         (Some(scale_pool), Some(scales)) => {
             let updated = scatter_slots(
