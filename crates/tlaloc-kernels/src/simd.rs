@@ -689,23 +689,41 @@ fn reduce_all<S: Simd, const R: usize, const W: usize>(
     core::array::from_fn(|r| core::array::from_fn(|i| simd.reduce_sum_f32s(acc[r][i])))
 }
 
-/// The little-endian f16 at byte `at` of `blk`, as f32.
+/// The little-endian f16 at byte `at` of `blk`, as f32: one load from [`F16_TO_F32`]. The weight
+/// blocks' scales are converted once per block in the inner loops, and the x86-64 baseline has no
+/// conversion instruction (F16C is not in pulp's `V3` token): computed in registers it was most of
+/// the integer dot's instructions (a decode step's Q8_0 matmuls ran at 12 GB/s, compute-bound). The
+/// table is 256 KiB, but a matrix's scales span a few exponents, so the entries it touches stay in
+/// cache.
 #[inline(always)]
 fn f16_at(blk: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]))
+    let bits: [u8; 2] = blk[at..at + 2].try_into().expect("two bytes");
+    F16_TO_F32[usize::from(u16::from_le_bytes(bits))]
 }
 
-/// IEEE half (binary16) bits to f32, exactly (every f16 is an f32), without branches: it runs once
-/// per weight block in the inner loops. A normal half's bits moved to the top of an f32 mantissa
-/// need only the exponent bias corrected (`+ 112 << 23`). A subnormal half is `m · 2^-24`: placed
-/// as the mantissa of `2^-14` and `2^-14` subtracted, one exact subtraction of normal numbers.
-/// No intermediate may be an f32 subnormal: XLA's CPU threads, where these kernels run, treat
-/// subnormal inputs as zero (DAZ), and most of a Q4_K super-block's scales are f16 subnormals. An
-/// all-ones exponent (inf, NaN) is set apart, and the sign is copied.
+/// Every f16 bit pattern's f32 value, built at compile time by [`f16_to_f32`].
+static F16_TO_F32: [f32; 1 << 16] = f16_table();
+
+const fn f16_table() -> [f32; 1 << 16] {
+    let mut table = [0.0f32; 1 << 16];
+    let mut h = 0;
+    while h < table.len() {
+        table[h] = f16_to_f32(h as u16);
+        h += 1;
+    }
+    table
+}
+
+/// IEEE half (binary16) bits to f32, exactly (every f16 is an f32). A normal half's bits moved to
+/// the top of an f32 mantissa need only the exponent bias corrected (`+ 112 << 23`). A subnormal
+/// half is `m · 2^-24`: placed as the mantissa of `2^-14` and `2^-14` subtracted, one exact
+/// subtraction of normal numbers, so no intermediate is an f32 subnormal (XLA's CPU threads, where
+/// these kernels run, treat subnormal inputs as zero, and most of a Q4_K super-block's scales are
+/// f16 subnormals). An all-ones exponent (inf, NaN) is set apart, and the sign is copied.
 #[inline(always)]
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
+pub(crate) const fn f16_to_f32(h: u16) -> f32 {
     const EXPONENT: u32 = 0x7c00 << 13;
-    let magnitude = u32::from(h & 0x7fff) << 13;
+    let magnitude = ((h & 0x7fff) as u32) << 13;
     let exponent = magnitude & EXPONENT;
     let normal = magnitude + (112 << 23);
     let two_to_minus_14 = f32::from_bits(113 << 23);
@@ -717,7 +735,7 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
     } else {
         normal
     };
-    f32::from_bits(bits | (u32::from(h & 0x8000) << 16))
+    f32::from_bits(bits | (((h & 0x8000) as u32) << 16))
 }
 
 impl Q8Dot<'_> {
@@ -1454,11 +1472,12 @@ mod tests {
 
     #[test]
     fn f16_decoding() {
-        // Every half, against binary16's definition.
+        // Every half, as the kernels read it (the table), against binary16's definition.
         for h in 0..=u16::MAX {
             let sign = if h >> 15 == 1 { -1.0 } else { 1.0 };
             let (exp, mant) = (i32::from((h >> 10) & 0x1f), f64::from(h & 0x3ff));
-            let got = f16_to_f32(h);
+            let got = f16_at(&h.to_le_bytes(), 0);
+            assert_eq!(got.to_bits(), f16_to_f32(h).to_bits(), "{h:#06x}");
             match exp {
                 0x1f if mant == 0.0 => assert_eq!(got, sign as f32 * f32::INFINITY, "{h:#06x}"),
                 0x1f => assert!(got.is_nan(), "{h:#06x}"),
