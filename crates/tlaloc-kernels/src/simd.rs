@@ -76,7 +76,7 @@ impl Prefetch {
     /// Hints that the cache line holding `p` will be read soon. `p` need not be in bounds: a
     /// prefetch never faults.
     #[inline(always)]
-    fn line<T>(self, p: *const T) {
+    pub(crate) fn line<T>(self, p: *const T) {
         #[cfg(target_arch = "x86_64")]
         if let Some(v1) = self.sse {
             v1.sse
@@ -88,7 +88,7 @@ impl Prefetch {
 }
 
 /// Bytes per cache line, the prefetch granule.
-const LINE: usize = 64;
+pub(crate) const LINE: usize = 64;
 
 /// The activations `x [rows, inner]`, with whatever per-call layout the weight type needs.
 #[derive(Debug)]

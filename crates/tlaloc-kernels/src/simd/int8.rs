@@ -48,14 +48,11 @@ impl QuantizedRows {
         let mut codes = vec![0i8; x.len()];
         let n = x.len() / BLOCK;
         let (mut scale, mut scaled_sum) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        // Inside the dispatcher, so that the rounding compiles to vector instructions (the
-        // x86-64 baseline has no rounding instruction: each element would be a libm call).
-        pulp::Arch::new().dispatch(|| {
-            for (xb, qb) in x.chunks_exact(BLOCK).zip(codes.chunks_exact_mut(BLOCK)) {
-                let (d, sum) = quantize_block(xb, qb);
-                scale.push(d);
-                scaled_sum.push(d * sum as f32);
-            }
+        pulp::Arch::new().dispatch(QuantizeBlocks {
+            x,
+            codes: &mut codes,
+            scale: &mut scale,
+            scaled_sum: &mut scaled_sum,
         });
         QuantizedRows {
             codes,
@@ -66,20 +63,68 @@ impl QuantizedRows {
     }
 }
 
+/// The rounding of [`QuantizedRows::new`] as a dispatched operation rather than a closure: a
+/// closure passed to the dispatcher is compiled as its own function, outside the dispatched one's
+/// target features, and the x86-64 baseline has no rounding instruction, so each element became a
+/// call to libm's `rintf` (measured: 2% of a Q8_0 decode step). Inlined here, the loops vectorize.
+struct QuantizeBlocks<'a> {
+    x: &'a [f32],
+    codes: &'a mut [i8],
+    scale: &'a mut Vec<f32>,
+    scaled_sum: &'a mut Vec<f32>,
+}
+
+impl pulp::WithSimd for QuantizeBlocks<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        for (xb, qb) in self
+            .x
+            .chunks_exact(BLOCK)
+            .zip(self.codes.chunks_exact_mut(BLOCK))
+        {
+            let (d, sum) = quantize_block(xb, qb);
+            self.scale.push(d);
+            self.scaled_sum.push(d * sum as f32);
+        }
+    }
+}
+
 /// `x` (whole 32-element blocks) with each block replaced by `scale · code`, the values the
 /// integer dots multiply by (a block holding a non-finite element becomes NaN).
 pub(crate) fn round_activations(x: &[f32]) -> Vec<f32> {
     let mut rounded = vec![0.0f32; x.len()];
-    pulp::Arch::new().dispatch(|| {
+    pulp::Arch::new().dispatch(RoundBlocks {
+        x,
+        rounded: &mut rounded,
+    });
+    rounded
+}
+
+/// [`round_activations`]'s loop, dispatched for the reason [`QuantizeBlocks`] is.
+struct RoundBlocks<'a> {
+    x: &'a [f32],
+    rounded: &'a mut [f32],
+}
+
+impl pulp::WithSimd for RoundBlocks<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
         let mut codes = [0i8; BLOCK];
-        for (xb, rb) in x.chunks_exact(BLOCK).zip(rounded.chunks_exact_mut(BLOCK)) {
+        for (xb, rb) in self
+            .x
+            .chunks_exact(BLOCK)
+            .zip(self.rounded.chunks_exact_mut(BLOCK))
+        {
             let (d, _) = quantize_block(xb, &mut codes);
             for (r, &c) in rb.iter_mut().zip(&codes) {
                 *r = d * f32::from(c);
             }
         }
-    });
-    rounded
+    }
 }
 
 /// One block's scale and codes (see [`QuantizedRows`]); returns the scale and the codes' sum.
