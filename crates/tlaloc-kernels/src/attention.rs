@@ -20,7 +20,7 @@
 //! no intrinsics); bf16 rows are widened into a scratch row first (two shifts per element, cheap
 //! next to the loads).
 
-use crate::simd::{LINE, Prefetch};
+use crate::simd::Prefetch;
 use pulp::Simd;
 use rayon::prelude::*;
 
@@ -37,12 +37,9 @@ impl KvPool<'_> {
     /// Hints that the `len` elements from `offset` will be read soon (see [`Item`]'s walk).
     #[inline(always)]
     fn prefetch(&self, pf: Prefetch, offset: usize, len: usize) {
-        let (start, bytes) = match self {
-            KvPool::F32(p) => (p.as_ptr().wrapping_add(offset).cast::<u8>(), len * 4),
-            KvPool::Bf16(p) => (p.as_ptr().wrapping_add(offset).cast::<u8>(), len * 2),
-        };
-        for at in (0..bytes).step_by(LINE) {
-            pf.line(start.wrapping_add(at));
+        match self {
+            KvPool::F32(p) => pf.span(p.as_ptr().wrapping_add(offset), len * 4),
+            KvPool::Bf16(p) => pf.span(p.as_ptr().wrapping_add(offset), len * 2),
         }
     }
 
@@ -282,9 +279,9 @@ struct Item<'a, 'o> {
 /// How many keys ahead of the one being read its row is prefetched.
 const PREFETCH_KEYS: usize = 8;
 
-/// The element offsets of key positions `lo..hi`'s rows of one KV head in a pool, in order: one
-/// page lookup per page, not a division per key (the divisions by the page size were a third of
-/// the kernel's time at a short context).
+/// The element offsets of key positions `lo..hi`'s rows of one KV head in a pool, in order: the
+/// page and slot are counted up, not divided out per key (the divisions by the page size were a
+/// third of the kernel's time at a short context).
 struct RowOffsets<'a> {
     table: &'a [i32],
     shape: AttentionShape,

@@ -76,7 +76,7 @@ impl Prefetch {
     /// Hints that the cache line holding `p` will be read soon. `p` need not be in bounds: a
     /// prefetch never faults.
     #[inline(always)]
-    pub(crate) fn line<T>(self, p: *const T) {
+    fn line<T>(self, p: *const T) {
         #[cfg(target_arch = "x86_64")]
         if let Some(v1) = self.sse {
             v1.sse
@@ -85,10 +85,18 @@ impl Prefetch {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = p;
     }
+
+    /// [`Prefetch::line`] for every line of the `bytes` bytes from `start`.
+    #[inline(always)]
+    pub(crate) fn span<T>(self, start: *const T, bytes: usize) {
+        for at in (0..bytes).step_by(LINE) {
+            self.line(start.cast::<u8>().wrapping_add(at));
+        }
+    }
 }
 
 /// Bytes per cache line, the prefetch granule.
-pub(crate) const LINE: usize = 64;
+const LINE: usize = 64;
 
 /// The activations `x [rows, inner]`, with whatever per-call layout the weight type needs.
 #[derive(Debug)]
@@ -1195,9 +1203,8 @@ impl Dot for KDot<'_> {
             for i in 0..W {
                 let blk =
                     &self.w[(o + i) * self.row_bytes + b * self.block_bytes..][..self.block_bytes];
-                for at in (0..self.block_bytes).step_by(LINE) {
-                    self.pf.line(blk.as_ptr().wrapping_add(at + ahead));
-                }
+                self.pf
+                    .span(blk.as_ptr().wrapping_add(ahead), self.block_bytes);
                 self.format.decode(blk, &mut decoded[i]);
             }
             for i in 0..W {
