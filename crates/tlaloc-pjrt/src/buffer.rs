@@ -279,6 +279,28 @@ impl Buffer {
         Ok(args.on_device_size_in_bytes)
     }
 
+    /// The device that stores the buffer (`PJRT_Buffer_Device`).
+    pub fn device(&self) -> Result<Device> {
+        Device::new(self.client().clone(), self.device_raw()?)
+    }
+
+    /// The raw handle of the buffer's device, owned by the client.
+    pub(crate) fn device_raw(&self) -> Result<*mut ffi::PJRT_Device> {
+        let mut args = ffi::PJRT_Buffer_Device_Args::new();
+        args.buffer = self.raw();
+        // SAFETY: the buffer is live; the device returned is owned by its client, which the
+        // buffer holds.
+        unsafe { pjrt_call!(self.api(), PJRT_Buffer_Device, &mut args) }?;
+        if args.device.is_null() {
+            return Err(Error::Pjrt {
+                call: "PJRT_Buffer_Device",
+                code: ErrorCode::Internal,
+                message: "the plugin returned no device".to_string(),
+            });
+        }
+        Ok(args.device)
+    }
+
     /// Whether PJRT has deleted the buffer's memory (after donation, for example).
     pub fn is_deleted(&self) -> Result<bool> {
         let mut args = ffi::PJRT_Buffer_IsDeleted_Args::new();

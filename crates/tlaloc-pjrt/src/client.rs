@@ -60,7 +60,8 @@ impl ClientOptions {
         }
     }
 
-    /// A CPU client with `count` devices.
+    /// A CPU client with `count` devices (`cpu_device_count = count`; 0 is taken as 1), for
+    /// programs partitioned or replicated across devices of one client.
     pub fn cpu_with_devices(count: u32) -> ClientOptions {
         ClientOptions {
             kind: OptionsKind::Cpu {
@@ -339,7 +340,7 @@ pub struct MemoryStats {
 }
 
 impl Device {
-    fn new(client: Client, raw: *mut ffi::PJRT_Device) -> Result<Device> {
+    pub(crate) fn new(client: Client, raw: *mut ffi::PJRT_Device) -> Result<Device> {
         let api = client.plugin().api();
         let mut description = ffi::PJRT_Device_GetDescription_Args::new();
         description.device = raw;

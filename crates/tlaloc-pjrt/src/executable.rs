@@ -10,13 +10,19 @@
 //! signature in the program text when compiling, and carried inside the bytes of
 //! [`LoadedExecutable::serialize`]; an execute with the wrong count is refused before it reaches
 //! a plugin (some abort on it).
+//!
+//! A program compiled for several devices (replicas or SPMD partitions of one client) runs in one
+//! call, [`LoadedExecutable::execute_per_device`], one argument list per device in the order of
+//! [`LoadedExecutable::addressable_devices`]; every buffer is checked to be on its list's device
+//! before the call, since a plugin given a misplaced buffer may copy it silently or fail deep
+//! inside XLA.
 
 use std::ffi::c_char;
 use std::sync::Arc;
 
 use crate::api::{pjrt_call, warn_in_drop};
 use crate::buffer::Buffer;
-use crate::client::Client;
+use crate::client::{Client, Device};
 use crate::compile_options::CompileOptions;
 use crate::error::{Error, ErrorCode, Result};
 use crate::event::Event;
@@ -189,12 +195,16 @@ impl Drop for ExecutableView<'_> {
     }
 }
 
+/// One output list and one completion event (if asked for) per device.
+type PerDevice = (Vec<Vec<Buffer>>, Vec<Option<Event>>);
+
 const SERIALIZED_MAGIC: &[u8; 8] = b"TLALOCX1";
 const UNKNOWN_PARAMETERS: u32 = u32::MAX;
 
 impl Client {
     /// Compiles StableHLO (MLIR text, pretty or generic form) with typed options.
     pub fn compile(&self, mlir_text: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        options.validate()?;
         let format = "mlir";
         let options_bytes = options.to_proto_bytes();
         let mut program = ffi::PJRT_Program::new();
@@ -232,6 +242,7 @@ impl Client {
         let count = u32::from_le_bytes(count);
         let num_parameters = (count != UNKNOWN_PARAMETERS).then_some(count as usize);
         let payload = &bytes[header..];
+        options.validate()?;
         let options_bytes = options.to_proto_bytes();
         let mut args = ffi::PJRT_Executable_DeserializeAndLoad_Args::new();
         args.client = self.raw();
@@ -311,7 +322,7 @@ impl LoadedExecutable {
     /// Runs the program once on its device and returns the outputs in order, without waiting
     /// for the computation (reading an output waits for it).
     pub fn execute(&self, args: Vec<ExecuteArg<'_>>) -> Result<Vec<Buffer>> {
-        self.launch(args, false).map(|(outputs, _)| outputs)
+        self.launch_one(args, false).map(|(outputs, _)| outputs)
     }
 
     /// Like [`execute`](Self::execute), also returning the event that fires when the device has
@@ -320,10 +331,10 @@ impl LoadedExecutable {
         &self,
         args: Vec<ExecuteArg<'_>>,
     ) -> Result<(Vec<Buffer>, Option<Event>)> {
-        self.launch(args, true)
+        self.launch_one(args, true)
     }
 
-    fn launch(
+    fn launch_one(
         &self,
         args: Vec<ExecuteArg<'_>>,
         want_event: bool,
@@ -336,45 +347,152 @@ impl LoadedExecutable {
                 });
             }
         }
-        for (index, arg) in args.iter().enumerate() {
-            if !Arc::ptr_eq(&arg.buffer().client().inner, &self.inner.client.inner) {
-                return Err(Error::InvalidArgument(format!(
-                    "argument {index} is a buffer of another client"
-                )));
-            }
+        let lists = vec![args];
+        self.check_clients(&lists)?;
+        let (mut outputs, mut events) = self.launch(lists, want_event)?;
+        Ok((outputs.pop().unwrap_or_default(), events.pop().flatten()))
+    }
+
+    /// The devices the executable runs on (`PJRT_LoadedExecutable_AddressableDevices`), in the
+    /// order [`execute_per_device`](Self::execute_per_device) takes its argument lists: for a
+    /// program compiled with a [`DeviceAssignment`](crate::DeviceAssignment), replica by
+    /// replica, each replica's partitions in order.
+    pub fn addressable_devices(&self) -> Result<Vec<Device>> {
+        let client = &self.inner.client;
+        let mut args = ffi::PJRT_LoadedExecutable_AddressableDevices_Args::new();
+        args.executable = self.inner.raw;
+        // SAFETY: the executable is live; the returned array is owned by it.
+        unsafe {
+            pjrt_call!(
+                client.plugin().api(),
+                PJRT_LoadedExecutable_AddressableDevices,
+                &mut args
+            )
+        }?;
+        if args.addressable_devices.is_null() || args.num_addressable_devices == 0 {
+            return Ok(Vec::new());
         }
-        let raw_args: Vec<*mut ffi::PJRT_Buffer> =
-            args.iter().map(|arg| arg.buffer().raw()).collect();
-        let non_donatable: Vec<i64> = args
+        // SAFETY: the plugin returned `num_addressable_devices` device pointers, owned by the
+        // client (which `self` holds).
+        let raws = unsafe {
+            std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
+        };
+        raws.iter()
+            .map(|&raw| Device::new(client.clone(), raw))
+            .collect()
+    }
+
+    /// Runs the program once across all its devices, `args[d]` being the arguments of device
+    /// `d` of [`addressable_devices`](Self::addressable_devices) (each buffer on that device;
+    /// for an SPMD program, that partition's shards), and returns each device's outputs in the
+    /// same order, without waiting for the computation.
+    ///
+    /// An argument index that is [`ExecuteArg::Borrowed`] in any list is donated in none (PJRT
+    /// takes one non-donatable index list for all devices); a [`ExecuteArg::Donated`] buffer at
+    /// such an index is still consumed.
+    pub fn execute_per_device(&self, args: Vec<Vec<ExecuteArg<'_>>>) -> Result<Vec<Vec<Buffer>>> {
+        let devices = self.addressable_devices()?;
+        let ids: Vec<i32> = devices.iter().map(Device::id).collect();
+        if args.len() != devices.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} argument lists were given; the executable runs on {} devices (ids {ids:?}) \
+                 and takes exactly one argument list per device, in that order",
+                args.len(),
+                devices.len()
+            )));
+        }
+        let (expected, whose) = match self.inner.num_parameters {
+            Some(count) => (count, "the executable's parameter count"),
+            None => (args.first().map_or(0, Vec::len), "the first list's length"),
+        };
+        if let Some((position, list)) = args
             .iter()
             .enumerate()
-            .filter(|(_, arg)| matches!(arg, ExecuteArg::Borrowed(_)))
-            .map(|(index, _)| index as i64)
+            .find(|(_, list)| list.len() != expected)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the argument list for device id {} (position {position}) has {} arguments; \
+                 every list must have {expected} ({whose})",
+                ids[position],
+                list.len()
+            )));
+        }
+        self.check_clients(&args)?;
+        for (position, (list, device)) in args.iter().zip(&devices).enumerate() {
+            for (index, arg) in list.iter().enumerate() {
+                let raw = arg.buffer().device_raw()?;
+                if raw != device.raw() {
+                    let found = Device::new(self.inner.client.clone(), raw)?.id();
+                    return Err(Error::InvalidArgument(format!(
+                        "argument {index} of the list for device id {} (position {position}) is \
+                         a buffer on device id {found}; each list's buffers must be on that \
+                         list's device (device ids in list order: {ids:?})",
+                        device.id()
+                    )));
+                }
+            }
+        }
+        self.launch(args, false).map(|(outputs, _)| outputs)
+    }
+
+    fn check_clients(&self, lists: &[Vec<ExecuteArg<'_>>]) -> Result<()> {
+        for (position, list) in lists.iter().enumerate() {
+            for (index, arg) in list.iter().enumerate() {
+                if !Arc::ptr_eq(&arg.buffer().client().inner, &self.inner.client.inner) {
+                    return Err(Error::InvalidArgument(format!(
+                        "argument {index} of argument list {position} is a buffer of another \
+                         client"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One `PJRT_LoadedExecutable_Execute` over `lists.len()` devices; the lists are already
+    /// checked to be of one length and of this client.
+    fn launch(&self, lists: Vec<Vec<ExecuteArg<'_>>>, want_events: bool) -> Result<PerDevice> {
+        let num_devices = lists.len();
+        let num_args = lists.first().map_or(0, Vec::len);
+        let raw_args: Vec<Vec<*mut ffi::PJRT_Buffer>> = lists
+            .iter()
+            .map(|list| list.iter().map(|arg| arg.buffer().raw()).collect())
+            .collect();
+        let non_donatable: Vec<i64> = (0..num_args)
+            .filter(|&index| {
+                lists
+                    .iter()
+                    .any(|list| matches!(list[index], ExecuteArg::Borrowed(_)))
+            })
+            .map(|index| index as i64)
             .collect();
         let mut options = ffi::PJRT_ExecuteOptions::new();
         options.non_donatable_input_indices = non_donatable.as_ptr();
         options.num_non_donatable_input_indices = non_donatable.len();
-        let argument_lists: [*const *mut ffi::PJRT_Buffer; 1] = [raw_args.as_ptr()];
-        let mut outputs: Vec<*mut ffi::PJRT_Buffer> =
-            vec![std::ptr::null_mut(); self.inner.num_outputs];
-        let output_lists: [*mut *mut ffi::PJRT_Buffer; 1] = [outputs.as_mut_ptr()];
-        let mut complete_events: [*mut ffi::PJRT_Event; 1] = [std::ptr::null_mut()];
+        let argument_lists: Vec<*const *mut ffi::PJRT_Buffer> =
+            raw_args.iter().map(|list| list.as_ptr()).collect();
+        let mut outputs: Vec<Vec<*mut ffi::PJRT_Buffer>> =
+            vec![vec![std::ptr::null_mut(); self.inner.num_outputs]; num_devices];
+        let output_lists: Vec<*mut *mut ffi::PJRT_Buffer> =
+            outputs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        let mut complete_events: Vec<*mut ffi::PJRT_Event> =
+            vec![std::ptr::null_mut(); num_devices];
 
         let mut call = ffi::PJRT_LoadedExecutable_Execute_Args::new();
         call.executable = self.inner.raw;
         call.options = &mut options;
         call.argument_lists = argument_lists.as_ptr();
-        call.num_devices = 1;
-        call.num_args = raw_args.len();
+        call.num_devices = num_devices;
+        call.num_args = num_args;
         call.output_lists = output_lists.as_ptr();
-        if want_event {
+        if want_events {
             call.device_complete_events = complete_events.as_mut_ptr();
         }
         let client = &self.inner.client;
-        // SAFETY: every argument buffer is live (borrowed or owned by `args`, which outlives the
-        // call); the argument, output and event arrays have one device row each, the output row
-        // has `num_outputs` slots as the executable reports; `options` and the index list outlive
-        // the call.
+        // SAFETY: every argument buffer is live (borrowed or owned by `lists`, which outlives the
+        // call); the argument array is `num_devices` rows of `num_args` buffers, the output array
+        // `num_devices` rows of `num_outputs` slots as the executable reports, the event array
+        // `num_devices` slots; the rows, `options` and the index list all outlive the call.
         unsafe {
             pjrt_call!(
                 client.plugin().api(),
@@ -382,15 +500,27 @@ impl LoadedExecutable {
                 &mut call
             )
         }?;
-        let event = Event::from_raw(client.plugin(), complete_events[0]);
-        // Donated buffers are dropped with `args`: PJRT has already taken their memory, and
-        // destroying the handle only releases the husk.
-        drop(args);
-        let outputs = outputs
+        // Own every returned handle before looking for a null one, so that none leaks.
+        let events: Vec<Option<Event>> = complete_events
             .into_iter()
-            .map(|raw| Buffer::from_raw(client, raw))
+            .map(|raw| Event::from_raw(client.plugin(), raw))
+            .collect();
+        // Donated buffers are dropped with `lists`: PJRT has already taken their memory, and
+        // destroying the handle only releases the husk.
+        drop(lists);
+        let owned: Vec<Vec<Result<Buffer>>> = outputs
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .map(|raw| Buffer::from_raw(client, raw))
+                    .collect()
+            })
+            .collect();
+        let outputs = owned
+            .into_iter()
+            .map(|row| row.into_iter().collect::<Result<Vec<_>>>())
             .collect::<Result<Vec<_>>>()?;
-        Ok((outputs, event))
+        Ok((outputs, events))
     }
 }
 

@@ -461,6 +461,14 @@ pjrt_structs! {
         pub executable: *mut PJRT_LoadedExecutable,
     }
 
+    pub struct PJRT_LoadedExecutable_AddressableDevices_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub executable: *mut PJRT_LoadedExecutable,
+        pub addressable_devices: *const *mut PJRT_Device,
+        pub num_addressable_devices: usize,
+    }
+
     pub struct PJRT_LoadedExecutable_GetExecutable_Args {
         pub struct_size: usize,
         pub extension_start: *mut PJRT_Extension_Base,
@@ -529,6 +537,13 @@ pjrt_structs! {
         pub buffer: *mut PJRT_Buffer,
         pub dims: *const i64,
         pub num_dims: usize,
+    }
+
+    pub struct PJRT_Buffer_Device_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub buffer: *mut PJRT_Buffer,
+        pub device: *mut PJRT_Device,
     }
 
     pub struct PJRT_Buffer_OnDeviceSizeInBytes_Args {
@@ -640,7 +655,7 @@ pjrt_structs! {
         pub PJRT_Executable_Serialize: Entry<PJRT_Executable_Serialize_Args>,
         pub PJRT_LoadedExecutable_Destroy: Entry<PJRT_LoadedExecutable_Destroy_Args>,
         pub PJRT_LoadedExecutable_GetExecutable: Entry<PJRT_LoadedExecutable_GetExecutable_Args>,
-        pub PJRT_LoadedExecutable_AddressableDevices: Unused,
+        pub PJRT_LoadedExecutable_AddressableDevices: Entry<PJRT_LoadedExecutable_AddressableDevices_Args>,
         pub PJRT_LoadedExecutable_Delete: Unused,
         pub PJRT_LoadedExecutable_IsDeleted: Unused,
         pub PJRT_LoadedExecutable_Execute: Entry<PJRT_LoadedExecutable_Execute_Args>,
@@ -653,7 +668,7 @@ pjrt_structs! {
         pub PJRT_Buffer_DynamicDimensionIndices: Unused,
         pub PJRT_Buffer_GetMemoryLayout: Unused,
         pub PJRT_Buffer_OnDeviceSizeInBytes: Entry<PJRT_Buffer_OnDeviceSizeInBytes_Args>,
-        pub PJRT_Buffer_Device: Unused,
+        pub PJRT_Buffer_Device: Entry<PJRT_Buffer_Device_Args>,
         pub PJRT_Buffer_Memory: Unused,
         pub PJRT_Buffer_Delete: Unused,
         pub PJRT_Buffer_IsDeleted: Entry<PJRT_Buffer_IsDeleted_Args>,

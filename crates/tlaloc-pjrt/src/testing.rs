@@ -66,6 +66,31 @@ pub fn client_for(path: &Path) -> Client {
         .unwrap_or_else(|e| panic!("creating a client of {}: {e}", path.display()))
 }
 
+/// A client of the plugin at `path` for work across `count` devices: a CPU plugin is asked for
+/// `count` devices (`cpu_device_count`), a GPU plugin (path mentions cuda, gpu or rocm) gets its
+/// usual GPU options and whatever devices it has. Panics when the plugin cannot be loaded;
+/// returns the plugin's refusal, or a client that has fewer than `count` devices, as an error
+/// for the test to report.
+pub fn client_with_devices(path: &Path, count: u32) -> Result<Client, String> {
+    let plugin = Plugin::load(path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    let options = match ClientOptions::for_platform_hint(&path.to_string_lossy()) {
+        options if options == ClientOptions::cpu() => ClientOptions::cpu_with_devices(count),
+        options => options,
+    };
+    let client = Client::new(&plugin, options.clone())
+        .map_err(|e| format!("creating a client with {options:?}: {e}"))?;
+    let found = client
+        .addressable_devices()
+        .map_err(|e| format!("listing the devices of a client with {options:?}: {e}"))?
+        .len();
+    if found < count as usize {
+        return Err(format!(
+            "a client created with {options:?} has {found} addressable devices, {count} are needed"
+        ));
+    }
+    Ok(client)
+}
+
 /// `(plugin path, client)` for every test plugin.
 pub fn test_clients() -> Vec<(PathBuf, Client)> {
     test_plugin_paths()

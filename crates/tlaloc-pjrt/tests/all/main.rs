@@ -6,4 +6,5 @@ mod execute;
 mod host_kernel;
 mod layout;
 mod plugin;
+mod spmd;
 mod xla_ffi_layout;
