@@ -80,6 +80,16 @@ pub enum ArtifactError {
     UnknownEntry { name: String },
     #[error("no weight slot {slot:?} in the manifest")]
     UnknownWeightSlot { slot: String },
+    #[error(
+        "weight {slot} is split over the {degree} devices of a tensor-parallel artifact; read it shard by shard"
+    )]
+    WeightIsSplit { slot: String, degree: usize },
+    #[error("weight {slot}: no shard {shard}; the artifact's tensor-parallel degree is {degree}")]
+    UnknownShard {
+        slot: String,
+        shard: usize,
+        degree: usize,
+    },
     #[error("integrity check failed for {} file(s): {}", problems.len(), ProblemList(problems))]
     IntegrityFailed { problems: Vec<IntegrityProblem> },
     #[error("{} is not empty; write into an empty directory or ask to replace an existing artifact", path.display())]

@@ -5,7 +5,9 @@
 //! `tlaloc-serving.json`, `bodies/<sha256>.mlir`, `programs/<entry>.json`,
 //! `weights/NNNN_<slot>.bin`, `tokenizer/<name>`, and optionally `executables/<sha256>.bin`
 //! (compiled executables, see `executables`), body variants of entries and the custom-call
-//! kernels they call ([`kernels`]) and `tlaloc-serving.json.sig` (see [`signature`]).
+//! kernels they call ([`kernels`]) and `tlaloc-serving.json.sig` (see [`signature`]). A
+//! tensor-parallel artifact stores each split weight as one file per device
+//! (`weights/NNNN_<slot>.shard<k>.bin`, see [`tensor_parallel`]).
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +24,7 @@ mod program;
 pub mod quant;
 pub mod signature;
 pub mod step;
+pub mod tensor_parallel;
 mod writer;
 
 pub use dtype::{Dtype, UnknownDtype};
@@ -41,4 +44,5 @@ pub use manifest::{
 pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
 pub use quant::BlockFormat;
 pub use step::{KvPool, PoolOperand, StepInput, StepOutput};
+pub use tensor_parallel::{TensorParallel, WeightShard, WeightSplit};
 pub use writer::{ArtifactWriter, ExistingDir};

@@ -72,16 +72,21 @@ impl Artifact {
             }
         }
         for (i, w) in manifest.weights.iter().enumerate() {
-            let field = format!("weights[{i}].file");
-            let path = paths::resolve(&root, &w.file, &field)?;
-            let found = path.metadata().map_err(io_error(&path))?.len();
-            if found != w.byte_length {
-                return Err(ArtifactError::WeightLengthMismatch {
-                    file: w.file.clone(),
-                    slot: w.slot.clone(),
-                    expected: w.byte_length,
-                    found,
-                });
+            for (k, stored) in w.stored_files().into_iter().enumerate() {
+                let field = match w.split {
+                    None => format!("weights[{i}].file"),
+                    Some(_) => format!("weights[{i}].split.shards[{k}].file"),
+                };
+                let path = paths::resolve(&root, &stored.file, &field)?;
+                let found = path.metadata().map_err(io_error(&path))?.len();
+                if found != stored.byte_length {
+                    return Err(ArtifactError::WeightLengthMismatch {
+                        file: stored.file,
+                        slot: w.slot.clone(),
+                        expected: stored.byte_length,
+                        found,
+                    });
+                }
             }
         }
         for (i, f) in manifest.tokenizer.files.iter().enumerate() {
@@ -220,10 +225,49 @@ impl Artifact {
         Ok(bytes)
     }
 
-    /// The bytes of one weight file (the operand itself), length-checked.
+    /// The bytes of one weight file (the operand itself), length-checked. A split weight has
+    /// no one file: it is refused ([`ArtifactError::WeightIsSplit`]); see
+    /// [`Self::weight_shard_bytes`].
     pub fn weight_bytes(&self, slot: &str) -> Result<Vec<u8>, ArtifactError> {
         let mut bytes = vec![0u8; self.weight_entry(slot)?.byte_length as usize];
         self.read_weight_into(slot, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// The bytes device `shard` of a tensor-parallel artifact uploads for weight `slot`: its
+    /// shard file for a split weight, the whole file for a replicated one. Length-checked.
+    pub fn weight_shard_bytes(&self, slot: &str, shard: usize) -> Result<Vec<u8>, ArtifactError> {
+        use std::io::Read as _;
+        let weight = self.weight_entry(slot)?;
+        let degree = self.manifest.tensor_parallel_degree();
+        if shard >= degree {
+            return Err(ArtifactError::UnknownShard {
+                slot: slot.to_owned(),
+                shard,
+                degree,
+            });
+        }
+        let stored = match &weight.split {
+            None => weight.stored_files().remove(0),
+            Some(split) => split.shards[shard].clone(),
+        };
+        let path = paths::resolve(
+            &self.root,
+            &stored.file,
+            &format!("weight {slot} shard {shard} file"),
+        )?;
+        let mut file = std::fs::File::open(&path).map_err(io_error(&path))?;
+        let found = file.metadata().map_err(io_error(&path))?.len();
+        if found != stored.byte_length {
+            return Err(ArtifactError::WeightLengthMismatch {
+                file: stored.file,
+                slot: slot.to_owned(),
+                expected: stored.byte_length,
+                found,
+            });
+        }
+        let mut bytes = vec![0u8; stored.byte_length as usize];
+        file.read_exact(&mut bytes).map_err(io_error(&path))?;
         Ok(bytes)
     }
 
@@ -240,6 +284,12 @@ impl Artifact {
     pub fn read_weight_into(&self, slot: &str, into: &mut [u8]) -> Result<(), ArtifactError> {
         use std::io::Read as _;
         let weight = self.weight_entry(slot)?;
+        if weight.split.is_some() {
+            return Err(ArtifactError::WeightIsSplit {
+                slot: slot.to_owned(),
+                degree: self.manifest.tensor_parallel_degree(),
+            });
+        }
         let path = self.resolve_weight(weight)?;
         let mismatch = |found: u64| ArtifactError::WeightLengthMismatch {
             file: weight.file.clone(),
@@ -284,7 +334,8 @@ impl Artifact {
             self.manifest
                 .weights
                 .iter()
-                .map(|w| (w.file.clone(), w.sha256.clone())),
+                .flat_map(WeightEntry::stored_files)
+                .map(|f| (f.file, f.sha256)),
         );
         checks.extend(
             self.manifest

@@ -15,6 +15,7 @@ use crate::ladder::{EntryKind, Ladder, LadderPoint};
 use crate::paths;
 use crate::quant::BlockFormat;
 use crate::step::StepInput;
+use crate::tensor_parallel::{self, TensorParallel, WeightShard, WeightSplit};
 
 /// The manifest format this crate reads and writes.
 /// Version 2 added the `nextTokenIds` output.
@@ -31,6 +32,10 @@ pub struct Manifest {
     /// Weights and activations.
     pub dtype: Dtype,
     pub kv_cache: KvCacheLayout,
+    /// How every program is split over several devices ([`crate::tensor_parallel`]); absent
+    /// for a program of one device (degree 1), so artifacts without it read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_parallel: Option<TensorParallel>,
     pub ladder: Ladder,
     pub entries: Vec<Entry>,
     pub padding: PaddingContract,
@@ -320,28 +325,52 @@ impl Default for PaddingContract {
     }
 }
 
-/// One weight slot: a raw little-endian, dense row-major file with no header.
+/// One weight slot: a raw little-endian, dense row-major file with no header, or, split over
+/// the devices of a tensor-parallel artifact, one such file per device (`split`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightEntry {
     /// e.g. `layers.3.qkv_proj`
     pub slot: String,
-    /// e.g. `weights/0012_layers.3.qkv_proj.bin`
+    /// e.g. `weights/0012_layers.3.qkv_proj.bin`; empty (and absent from the JSON) for a split
+    /// weight, whose files are its shards'.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub file: String,
     /// The stored element type: f32 or bf16, or u8 for a block-quantized weight.
     pub dtype: Dtype,
     /// The logical dims (`[out, in]` elements for a block-quantized weight, whatever its
     /// bytes).
     pub dims: Vec<usize>,
+    /// Bytes of the whole weight (of every shard together, for a split weight).
     pub byte_length: u64,
+    /// The sha256 of `file`; empty (and absent from the JSON) for a split weight, whose shards
+    /// each carry their own.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sha256: String,
     /// The block format of a block-quantized weight (its file and operand are the raw blocks,
     /// see [`crate::quant`]); absent for dense weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_format: Option<BlockFormat>,
+    /// In a tensor-parallel artifact, how the weight is split over the devices (shard `k` of
+    /// `dims` along `split.axis` on device `k`); absent for a weight every device takes whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<WeightSplit>,
 }
 
 impl WeightEntry {
+    /// The files this weight is stored in, with their lengths and hashes: its one file, or its
+    /// shards in device order.
+    pub fn stored_files(&self) -> Vec<WeightShard> {
+        match &self.split {
+            None => vec![WeightShard {
+                file: self.file.clone(),
+                byte_length: self.byte_length,
+                sha256: self.sha256.clone(),
+            }],
+            Some(split) => split.shards.clone(),
+        }
+    }
+
     /// The program operand this weight is: `(dtype, dims)` as stored, i.e. `u8 [out, row
     /// bytes]` for a block-quantized weight and the dense `(dtype, dims)` otherwise. `None` for
     /// a block-quantized weight whose dims its format cannot store (refused by validation).
@@ -428,6 +457,7 @@ impl Manifest {
             .validate()
             .map_err(|source| ArtifactError::InvalidLadder { source })?;
         self.validate_kv_cache()?;
+        self.validate_tensor_parallel()?;
         if self.padding != PaddingContract::CONTRACT {
             return Err(invalid(
                 "padding",
@@ -678,7 +708,81 @@ impl Manifest {
                     ));
                 }
             }
-            paths::check_sha256(&w.sha256)
+            self.validate_weight_files(&field, w)?;
+        }
+        Ok(())
+    }
+
+    fn validate_tensor_parallel(&self) -> Result<(), ArtifactError> {
+        let Some(tp) = self.tensor_parallel else {
+            return Ok(());
+        };
+        let m = &self.model;
+        if tp.degree < 2 {
+            return Err(invalid(
+                "tensorParallel.degree",
+                format!(
+                    "{} is not a split over devices; an artifact of one device has no tensorParallel section",
+                    tp.degree
+                ),
+            ));
+        }
+        if m.num_kv_heads % tp.degree != 0 || m.num_heads % tp.degree != 0 {
+            return Err(invalid(
+                "tensorParallel.degree",
+                format!(
+                    "{} does not divide the {} KV heads and {} attention heads the pools and \
+                     programs are split over",
+                    tp.degree, m.num_kv_heads, m.num_heads
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A whole weight's file and hash, or a split weight's shards: as many as the degree, each
+    /// a piece of equal length that the split's axis allows.
+    fn validate_weight_files(&self, field: &str, w: &WeightEntry) -> Result<(), ArtifactError> {
+        let Some(split) = &w.split else {
+            return paths::check_sha256(&w.sha256)
+                .map_err(|reason| invalid(format!("{field}.sha256"), reason));
+        };
+        let Some(TensorParallel { degree }) = self.tensor_parallel else {
+            return Err(invalid(
+                format!("{field}.split"),
+                "a split weight needs a tensorParallel section",
+            ));
+        };
+        if !w.file.is_empty() || !w.sha256.is_empty() {
+            return Err(invalid(
+                field,
+                "a split weight names its files in split.shards, not in file and sha256",
+            ));
+        }
+        tensor_parallel::shard_dims(&w.dims, w.block_format, split.axis, degree)
+            .map_err(|reason| invalid(format!("{field}.split.axis"), reason))?;
+        if split.shards.len() != degree {
+            return Err(invalid(
+                format!("{field}.split.shards"),
+                format!(
+                    "{} shards for tensorParallel degree {degree}; one per device is needed",
+                    split.shards.len()
+                ),
+            ));
+        }
+        let piece = w.byte_length / degree as u64;
+        for (k, shard) in split.shards.iter().enumerate() {
+            let field = format!("{field}.split.shards[{k}]");
+            if shard.byte_length != piece {
+                return Err(invalid(
+                    format!("{field}.byteLength"),
+                    format!(
+                        "{} is not 1/{degree} of the weight's byteLength {}",
+                        shard.byte_length, w.byte_length
+                    ),
+                ));
+            }
+            paths::check_sha256(&shard.sha256)
                 .map_err(|reason| invalid(format!("{field}.sha256"), reason))?;
         }
         Ok(())
@@ -695,6 +799,11 @@ impl Manifest {
                 .map_err(|reason| invalid(format!("{field}.sha256"), reason))?;
         }
         Ok(())
+    }
+
+    /// Devices each program runs on: the `tensorParallel` degree, 1 without the section.
+    pub fn tensor_parallel_degree(&self) -> usize {
+        self.tensor_parallel.map_or(1, |tp| tp.degree)
     }
 
     /// The entry compiled for `point`, if any.

@@ -30,6 +30,12 @@ pub fn weight_path(index: usize, slot: &str) -> String {
     format!("{WEIGHTS_DIR}/{index:04}_{slot}.bin")
 }
 
+/// `weights/NNNN_<slot>.shard<k>.bin`: shard `k` of a weight split over the devices of a
+/// tensor-parallel artifact (see [`crate::tensor_parallel`]).
+pub fn weight_shard_path(index: usize, slot: &str, shard: usize) -> String {
+    format!("{WEIGHTS_DIR}/{index:04}_{slot}.shard{shard}.bin")
+}
+
 /// `tokenizer/<name>`
 pub fn tokenizer_path(name: &str) -> String {
     format!("{TOKENIZER_DIR}/{name}")

@@ -14,6 +14,7 @@ use crate::manifest::{MANIFEST_FILE, Manifest, TokenizerFile, WeightEntry};
 use crate::paths;
 use crate::program::ProgramSignature;
 use crate::quant::BlockFormat;
+use crate::tensor_parallel::{self, WeightShard, WeightSplit};
 
 /// Whether [`ArtifactWriter::create_with`] may replace an existing artifact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,9 +156,55 @@ impl ArtifactWriter {
         )
     }
 
-    fn write_weight_as(
+    /// Writes one weight of a tensor-parallel artifact split over `degree` devices along
+    /// `axis` of its (logical) `dims`: `bytes` is the whole operand (dense `dtype`, or raw
+    /// blocks of `block_format`), cut into `degree` shards as [`crate::tensor_parallel`] says,
+    /// each written as `weights/NNNN_<slot>.shard<k>.bin`. Returns the manifest row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_split_weight(
         &mut self,
         index: usize,
+        slot: &str,
+        dtype: Dtype,
+        dims: &[usize],
+        block_format: Option<BlockFormat>,
+        (axis, degree): (usize, usize),
+        bytes: &[u8],
+    ) -> Result<WeightEntry, ArtifactError> {
+        let dtype = if block_format.is_some() {
+            BlockFormat::OPERAND_DTYPE
+        } else {
+            dtype
+        };
+        let mut row = self.check_weight(slot, dtype, dims, block_format, bytes)?;
+        let refused = |reason: String| ArtifactError::InvalidManifest {
+            field: format!("weight {slot} split"),
+            reason,
+        };
+        tensor_parallel::shard_dims(dims, block_format, axis, degree).map_err(refused)?;
+        let (elem, operand_dims) =
+            tensor_parallel::operand_layout(dtype, dims, block_format).map_err(refused)?;
+        let mut shards = Vec::with_capacity(degree);
+        for (k, shard) in tensor_parallel::split_operand(bytes, &operand_dims, elem, axis, degree)
+            .into_iter()
+            .enumerate()
+        {
+            let file = paths::weight_shard_path(index, slot, k);
+            self.write_file(&file, &shard)?;
+            shards.push(WeightShard {
+                file,
+                byte_length: shard.len() as u64,
+                sha256: paths::sha256_hex(&shard),
+            });
+        }
+        row.split = Some(WeightSplit { axis, shards });
+        Ok(row)
+    }
+
+    /// The manifest row of a weight whose bytes fit its dims, with no file named yet; refuses a
+    /// bad name, a length that disagrees, and a slot written before.
+    fn check_weight(
+        &mut self,
         slot: &str,
         dtype: Dtype,
         dims: &[usize],
@@ -184,17 +231,33 @@ impl ArtifactWriter {
                 name: slot.to_owned(),
             });
         }
-        let file = paths::weight_path(index, slot);
-        self.write_file(&file, bytes)?;
         Ok(WeightEntry {
             slot: slot.to_owned(),
-            file,
+            file: String::new(),
             dtype,
             dims: dims.to_vec(),
             byte_length: bytes.len() as u64,
-            sha256: paths::sha256_hex(bytes),
+            sha256: String::new(),
             block_format,
+            split: None,
         })
+    }
+
+    fn write_weight_as(
+        &mut self,
+        index: usize,
+        slot: &str,
+        dtype: Dtype,
+        dims: &[usize],
+        block_format: Option<BlockFormat>,
+        bytes: &[u8],
+    ) -> Result<WeightEntry, ArtifactError> {
+        let mut row = self.check_weight(slot, dtype, dims, block_format, bytes)?;
+        let file = paths::weight_path(index, slot);
+        self.write_file(&file, bytes)?;
+        row.file = file;
+        row.sha256 = paths::sha256_hex(bytes);
+        Ok(row)
     }
 
     /// Writes `programs/<entry>.json` and returns its manifest path.

@@ -11,7 +11,10 @@
 //! other: dense row-major `[out, in]` tensors concatenate along the output dimension by
 //! concatenating their bytes. With `keep_quantized`, a GGUF matrix whose every source tensor
 //! is Q8_0 (or every one Q4_0, or Q4_1) is written as its blocks instead (`tlaloc_artifact::quant`): the rows of blocks of
-//! its tensors one after the other, Q/K rows unpermuted whole.
+//! its tensors one after the other, Q/K rows unpermuted whole. With `tensor_parallel` N > 1
+//! the programs are annotated for N devices, fused slots split over their rows are written
+//! shard-major, and each split weight is written as N shard files (`crate::tensor_parallel`,
+//! `tlaloc_artifact::tensor_parallel`).
 
 use std::path::Path;
 
@@ -21,7 +24,7 @@ use tlaloc_artifact::{
     ArtifactError, ArtifactWriter, BlockFormat, BodyVariant, Dtype, Entry, ExistingDir,
     FORMAT_VERSION, KvCacheLayout, Ladder, LadderError, LadderOptions, Manifest, ManifestModel,
     ManifestRopeScaling, ManifestSourceFile, ManifestTokenizer, OperandRole, PaddingContract,
-    ProgramSignature, Provenance, SignatureMismatch, SourceCheckpoint, TensorSpec,
+    ProgramSignature, Provenance, SignatureMismatch, SourceCheckpoint, TensorParallel, TensorSpec,
 };
 use tlaloc_hlo::Module;
 
@@ -29,6 +32,7 @@ use crate::checkpoint::{Checkpoint, SourceKind};
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::IngestError;
 use crate::graph::{self, BodyKind, GraphError, SlotSource, WeightPlan};
+use crate::tensor_parallel::{self, TensorParallelError};
 
 /// What an export produces and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +61,11 @@ pub struct ExportOptions {
     /// ([`tlaloc_artifact::kernels::cpu_matmul_blocks_xq8`]), which then multiply integers.
     /// Needs `keep_quantized` and an f32 export.
     pub quantize_activations: bool,
+    /// Devices every program is split over (Megatron-style tensor parallelism through XLA's
+    /// SPMD partitioner, see [`crate::tensor_parallel`]); 1, the default, for programs of one
+    /// device. Must divide the model's attention and KV heads, its intermediate size and its
+    /// vocabulary.
+    pub tensor_parallel: usize,
 }
 
 impl ExportOptions {
@@ -76,6 +85,7 @@ impl Default for ExportOptions {
             cpu_variant: false,
             keep_quantized: false,
             quantize_activations: false,
+            tensor_parallel: 1,
         }
     }
 }
@@ -121,6 +131,8 @@ pub enum ExportError {
     QuantizedActivationsNeedKeptF32(String),
     #[error(transparent)]
     Ladder(#[from] LadderError),
+    #[error(transparent)]
+    TensorParallel(#[from] TensorParallelError),
     #[error(transparent)]
     Graph(#[from] GraphError),
     #[error("entry {entry}: the built program disagrees with the contract at {mismatch}")]
@@ -176,6 +188,13 @@ fn checked_ladder(options: &ExportOptions) -> Result<Ladder, ExportError> {
             options.dtype
         )));
     }
+    match options.tensor_parallel {
+        0 => return Err(TensorParallelError::Zero.into()),
+        degree if degree > 1 && options.cpu_variant => {
+            return Err(TensorParallelError::CpuVariant { degree }.into());
+        }
+        _ => {}
+    }
     Ok(options.ladder.ladder()?)
 }
 
@@ -193,6 +212,8 @@ pub fn export_checkpoint(
         keep_blocks(checkpoint, &mut plan)?;
     }
     plan.quantize_activations = options.quantize_activations;
+    tensor_parallel::apply(&mut plan, options.tensor_parallel)?;
+    let tp = plan.tensor_parallel;
     let model = artifact_model(config);
     let kv = KvCacheLayout::for_model(
         &model,
@@ -222,8 +243,10 @@ pub fn export_checkpoint(
         plan.rope_positions,
     );
     for (index, slot) in plan.slots.iter().enumerate() {
+        // A fused slot split over its rows is written shard-major (crate::tensor_parallel).
+        let fused_shards = if slot.split == Some(0) { tp } else { 1 };
         if let (Some(format), SlotSource::Rows(roles)) = (slot.block, &slot.source) {
-            let mut bytes = Vec::new();
+            let mut parts = Vec::with_capacity(roles.len());
             for &role in roles {
                 let blocks = checkpoint.stored_blocks(role)?.ok_or_else(|| {
                     ExportError::UnsupportedBlockWeight {
@@ -233,9 +256,21 @@ pub fn export_checkpoint(
                         reason: "the checkpoint stores no blocks".into(),
                     }
                 })?;
-                bytes.extend_from_slice(&blocks.bytes);
+                parts.push(blocks.bytes);
             }
-            let row = writer.write_block_weight(index, &slot.name, format, &slot.dims, &bytes)?;
+            let bytes = tensor_parallel::shard_major(&parts, fused_shards);
+            let row = match slot.split {
+                None => writer.write_block_weight(index, &slot.name, format, &slot.dims, &bytes)?,
+                Some(axis) => writer.write_split_weight(
+                    index,
+                    &slot.name,
+                    slot.dtype,
+                    &slot.dims,
+                    Some(format),
+                    (axis, tp),
+                    &bytes,
+                )?,
+            };
             weight_bytes += row.byte_length;
             progress(ExportProgress::Weight {
                 index,
@@ -247,11 +282,11 @@ pub fn export_checkpoint(
         }
         let values = match &slot.source {
             SlotSource::Rows(roles) => {
-                let mut values = Vec::with_capacity(slot.dims.iter().product());
+                let mut parts = Vec::with_capacity(roles.len());
                 for &role in roles {
-                    values.extend(checkpoint.tensor(role)?.to_f32());
+                    parts.push(checkpoint.tensor(role)?.to_f32());
                 }
-                values
+                tensor_parallel::shard_major(&parts, fused_shards)
             }
             SlotSource::RopeCos => rope.0.clone(),
             SlotSource::RopeSin => rope.1.clone(),
@@ -271,7 +306,18 @@ pub fn export_checkpoint(
             }
         };
         let bytes = encode(&values, slot.dtype)?;
-        let row = writer.write_weight(index, &slot.name, slot.dtype, &slot.dims, &bytes)?;
+        let row = match slot.split {
+            None => writer.write_weight(index, &slot.name, slot.dtype, &slot.dims, &bytes)?,
+            Some(axis) => writer.write_split_weight(
+                index,
+                &slot.name,
+                slot.dtype,
+                &slot.dims,
+                None,
+                (axis, tp),
+                &bytes,
+            )?,
+        };
         weight_bytes += row.byte_length;
         progress(ExportProgress::Weight {
             index,
@@ -300,6 +346,7 @@ pub fn export_checkpoint(
         model,
         dtype: options.dtype,
         kv_cache: kv.clone(),
+        tensor_parallel: (tp > 1).then_some(TensorParallel { degree: tp }),
         ladder: ladder.clone(),
         entries: Vec::new(),
         padding: PaddingContract::CONTRACT,
@@ -556,6 +603,9 @@ fn provenance(checkpoint: &Checkpoint, options: &ExportOptions) -> Provenance {
             }
             if options.quantize_activations {
                 json["quantizeActivations"] = "q8_0-blocks".into();
+            }
+            if options.tensor_parallel > 1 {
+                json["tensorParallel"] = options.tensor_parallel.into();
             }
             if !l.prefill_batch_buckets.is_empty() {
                 json["prefillBatchBuckets"] = l.prefill_batch_buckets.clone().into();

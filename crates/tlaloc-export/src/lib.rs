@@ -18,6 +18,7 @@ pub mod hf_config;
 mod mapped;
 pub mod safetensors;
 pub mod survey;
+pub mod tensor_parallel;
 pub mod tokenizer;
 
 pub use checkpoint::{

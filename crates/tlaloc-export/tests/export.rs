@@ -22,6 +22,7 @@ fn options(dtype: Dtype, ladder: LadderOptions) -> ExportOptions {
         cpu_variant: false,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     }
 }
 

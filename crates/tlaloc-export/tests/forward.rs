@@ -24,6 +24,7 @@ fn export_to(checkpoint: &Path, name: &str, dtype: Dtype, ladder: LadderOptions)
         cpu_variant: false,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     let start = std::time::Instant::now();
     let summary = export(checkpoint, &out, &options, &mut |_| {})
@@ -244,6 +245,7 @@ fn export_tiny_kv(model: &str, name: &str, kv_dtype: Dtype) -> PathBuf {
         cpu_variant: false,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     export(support::fixture(model), &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {model} with {kv_dtype} pools: {e}"));
@@ -419,6 +421,7 @@ fn gemma3_270m_f32_matches_transformers_and_bf16_agrees() {
         cpu_variant: false,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     tlaloc_export::export_checkpoint(&checkpoint, &out, &options, &mut |_| {}).unwrap();
     let bf16_out = support::scratch_dir("forward-gemma3-270m-bf16");

@@ -28,6 +28,7 @@ fn export_with(checkpoint: &Path, name: &str, kv_dtype: Dtype, ladder: LadderOpt
         cpu_variant: false,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     export(checkpoint, &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {name}: {e}"));

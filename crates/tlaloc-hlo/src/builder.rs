@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::error::HloError;
 use crate::module::{Argument, Module};
 use crate::ops::OpKind;
+use crate::sharding::Sharding;
 use crate::types::TensorType;
 
 static NEXT_BUILDER_ID: AtomicU32 = AtomicU32::new(0);
@@ -53,6 +54,10 @@ pub struct FunctionBuilder {
     pub(crate) arguments: Vec<Argument>,
     pub(crate) values: Vec<ValueInfo>,
     pub(crate) ops: Vec<Op>,
+    /// `mhlo.num_partitions`, for an SPMD program.
+    partitions: Option<usize>,
+    /// Shardings of results, by result index; checked against the results in `finish`.
+    result_shardings: Vec<(usize, Sharding)>,
 }
 
 fn is_symbol_name(s: &str) -> bool {
@@ -76,6 +81,8 @@ impl FunctionBuilder {
             arguments: Vec::new(),
             values: Vec::new(),
             ops: Vec::new(),
+            partitions: None,
+            result_shardings: Vec::new(),
         }
     }
 
@@ -115,6 +122,7 @@ impl FunctionBuilder {
             name,
             ty,
             aliasing_output: None,
+            sharding: None,
         });
         value
     }
@@ -146,6 +154,54 @@ impl FunctionBuilder {
             });
         }
         self.arguments[position].aliasing_output = Some(output);
+        Ok(())
+    }
+
+    /// Makes this an SPMD program over `partitions` devices: the module says
+    /// `mhlo.num_partitions = N` and `mhlo.num_replicas = 1`, and then every argument and
+    /// result must state its sharding ([`Self::shard_argument`], [`Self::shard_result`]), each
+    /// split over exactly N partitions. Checked in `finish`.
+    pub fn set_partitions(&mut self, partitions: usize) -> Result<(), HloError> {
+        if partitions == 0 {
+            return Err(HloError::Signature {
+                function: self.module_name.clone(),
+                detail: "a program runs on at least 1 partition, not 0".to_owned(),
+            });
+        }
+        self.partitions = Some(partitions);
+        Ok(())
+    }
+
+    /// Lays argument `arg` out over the partitions as `sharding` (`mhlo.sharding`).
+    pub fn shard_argument(&mut self, arg: Value, sharding: Sharding) -> Result<(), HloError> {
+        let ty = self.check_value("func.func", arg)?.clone();
+        let Def::Argument(position) = self.values[arg.index()].def else {
+            return Err(HloError::Signature {
+                function: self.module_name.clone(),
+                detail: format!(
+                    "only arguments and results take a sharding; value #{} is an op result",
+                    arg.index
+                ),
+            });
+        };
+        sharding.check(&ty).map_err(|reason| HloError::Signature {
+            function: self.module_name.clone(),
+            detail: format!("argument {position}: {reason}"),
+        })?;
+        self.arguments[position].sharding = Some(sharding);
+        Ok(())
+    }
+
+    /// Lays result `output` out over the partitions as `sharding` (`mhlo.sharding` on the
+    /// result). Checked against the results in `finish`.
+    pub fn shard_result(&mut self, output: usize, sharding: Sharding) -> Result<(), HloError> {
+        if self.result_shardings.iter().any(|(o, _)| *o == output) {
+            return Err(HloError::Signature {
+                function: self.module_name.clone(),
+                detail: format!("result {output} is given a sharding twice"),
+            });
+        }
+        self.result_shardings.push((output, sharding));
         Ok(())
     }
 
@@ -246,6 +302,7 @@ impl FunctionBuilder {
                 Some(_) => {}
             }
         }
+        let result_shardings = self.checked_shardings(&result_types)?;
         Ok(Module {
             name: self.module_name,
             arguments: self.arguments,
@@ -253,6 +310,85 @@ impl FunctionBuilder {
             ops: self.ops,
             results: results.to_vec(),
             result_types,
+            partitions: self.partitions,
+            result_shardings,
         })
+    }
+
+    /// The results' shardings by index, after checking every sharding of the signature: none
+    /// without a partition count; with one, every argument and result sharded, each split over
+    /// that many partitions, and a donated argument laid out as its result (the result reuses
+    /// the argument's buffer on every device).
+    fn checked_shardings(
+        &self,
+        result_types: &[TensorType],
+    ) -> Result<Vec<Option<Sharding>>, HloError> {
+        let signature_error = |detail: String| HloError::Signature {
+            function: self.module_name.clone(),
+            detail,
+        };
+        let mut shardings = vec![None; result_types.len()];
+        for &(output, sharding) in &self.result_shardings {
+            let ty = result_types.get(output).ok_or_else(|| {
+                signature_error(format!(
+                    "result {output} is given a sharding, but there are only {} results",
+                    result_types.len()
+                ))
+            })?;
+            sharding
+                .check(ty)
+                .map_err(|reason| signature_error(format!("result {output}: {reason}")))?;
+            shardings[output] = Some(sharding);
+        }
+        let Some(partitions) = self.partitions else {
+            let sharded = self.arguments.iter().any(|a| a.sharding.is_some())
+                || !self.result_shardings.is_empty();
+            if sharded {
+                return Err(signature_error(
+                    "shardings are given but no partition count; call set_partitions".to_owned(),
+                ));
+            }
+            return Ok(shardings);
+        };
+        let operands = self
+            .arguments
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("argument {i}"), a.sharding))
+            .chain(
+                shardings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (format!("result {i}"), *s)),
+            );
+        for (what, sharding) in operands {
+            match sharding {
+                None => {
+                    return Err(signature_error(format!(
+                        "{what} has no sharding; in a program over {partitions} partitions every \
+                         argument and result states one"
+                    )));
+                }
+                Some(s) if s.parts().is_some_and(|p| p != partitions) => {
+                    return Err(signature_error(format!(
+                        "{what} is split over {} partitions, but the program runs on {partitions}",
+                        s.parts().unwrap_or(1)
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        for (position, a) in self.arguments.iter().enumerate() {
+            if let Some(output) = a.aliasing_output
+                && a.sharding != shardings[output]
+            {
+                return Err(signature_error(format!(
+                    "argument {position} is donated to result {output} but laid out differently \
+                     ({:?} and {:?}); a donated buffer keeps its layout",
+                    a.sharding, shardings[output]
+                )));
+            }
+        }
+        Ok(shardings)
     }
 }

@@ -23,6 +23,7 @@ mod error;
 mod literal;
 mod module;
 mod ops;
+mod sharding;
 mod types;
 
 pub use builder::{FunctionBuilder, Value};
@@ -34,4 +35,5 @@ pub use ops::{
     BinaryOp, CompareDirection, CompareType, CustomCallAttr, DotDims, GatherSpec, Precision,
     ReduceOp, ScatterSpec, ScatterUpdate, UnaryOp,
 };
+pub use sharding::Sharding;
 pub use types::{ScalarType, TensorType};

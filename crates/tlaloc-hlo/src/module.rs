@@ -12,6 +12,7 @@ use crate::Value;
 use crate::builder::{Def, Op, ValueInfo};
 use crate::literal::{ConstData, Scalar};
 use crate::ops::{CustomCallAttr, OpKind, ReduceBody, ReduceOp, ScatterUpdate};
+use crate::sharding::Sharding;
 use crate::types::{ScalarType, TensorType};
 
 /// One argument of `@main`.
@@ -22,6 +23,8 @@ pub struct Argument {
     pub ty: TensorType,
     /// The result this argument's buffer is donated to (`tf.aliasing_output`).
     pub aliasing_output: Option<usize>,
+    /// How the argument is laid out over the partitions of an SPMD program (`mhlo.sharding`).
+    pub sharding: Option<Sharding>,
 }
 
 /// A finished, checked `module { func.func @main }`.
@@ -33,6 +36,8 @@ pub struct Module {
     pub(crate) ops: Vec<Op>,
     pub(crate) results: Vec<Value>,
     pub(crate) result_types: Vec<TensorType>,
+    pub(crate) partitions: Option<usize>,
+    pub(crate) result_shardings: Vec<Option<Sharding>>,
 }
 
 impl Module {
@@ -46,6 +51,17 @@ impl Module {
 
     pub fn result_types(&self) -> &[TensorType] {
         &self.result_types
+    }
+
+    /// The partition count of an SPMD program (`mhlo.num_partitions`); `None` for a program of
+    /// one device, whose text carries no partition attributes.
+    pub fn partitions(&self) -> Option<usize> {
+        self.partitions
+    }
+
+    /// Each result's sharding, index-aligned with [`Self::result_types`].
+    pub fn result_shardings(&self) -> &[Option<Sharding>] {
+        &self.result_shardings
     }
 
     /// Writes the StableHLO text of the module to `w`.
@@ -71,6 +87,11 @@ impl fmt::Display for Module {
 struct Printer<'m, W> {
     module: &'m Module,
     w: &'m mut W,
+}
+
+/// `mhlo.sharding = "<HloSharding>"` for a tensor of rank `rank`.
+fn sharding_attr(sharding: Sharding, rank: usize) -> String {
+    format!("mhlo.sharding = {}", mlir_string(&sharding.hlo_text(rank)))
 }
 
 /// `array<i64: 1, 2>` (or `array<i64>` when empty).
@@ -122,22 +143,46 @@ impl<W: Write> Printer<'_, W> {
 
     fn module(&mut self) -> fmt::Result {
         let m = self.module;
-        writeln!(self.w, "module @{} {{", m.name)?;
+        match m.partitions {
+            None => writeln!(self.w, "module @{} {{", m.name)?,
+            Some(n) => writeln!(
+                self.w,
+                "module @{} attributes {{mhlo.num_partitions = {n} : i32, mhlo.num_replicas = 1 : i32}} {{",
+                m.name
+            )?,
+        }
         write!(self.w, "  func.func public @main(")?;
         for (i, a) in m.arguments.iter().enumerate() {
             if i > 0 {
                 write!(self.w, ", ")?;
             }
             write!(self.w, "%arg{i}: {}", a.ty)?;
+            // Attributes in MLIR's own (alphabetical) order.
+            let mut attrs = Vec::new();
+            if let Some(s) = a.sharding {
+                attrs.push(sharding_attr(s, a.ty.rank()));
+            }
             if let Some(out) = a.aliasing_output {
-                write!(self.w, " {{tf.aliasing_output = {out} : i32}}")?;
+                attrs.push(format!("tf.aliasing_output = {out} : i32"));
+            }
+            if !attrs.is_empty() {
+                write!(self.w, " {{{}}}", attrs.join(", "))?;
             }
             if let Some(name) = &a.name {
                 write!(self.w, " loc(\"{name}\")")?;
             }
         }
+        let results: Vec<String> = m
+            .result_types
+            .iter()
+            .zip(&m.result_shardings)
+            .map(|(ty, sharding)| match sharding {
+                None => ty.to_string(),
+                Some(s) => format!("{ty} {{{}}}", sharding_attr(*s, ty.rank())),
+            })
+            .collect();
+        writeln!(self.w, ") -> ({}) {{", results.join(", "))?;
         let result_types: Vec<&TensorType> = m.result_types.iter().collect();
-        writeln!(self.w, ") -> ({}) {{", type_list(&result_types))?;
         for (n, op) in m.ops.iter().enumerate() {
             self.op(n, op)?;
         }

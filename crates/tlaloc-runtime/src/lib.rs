@@ -31,6 +31,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod step_executor;
 pub mod stop;
+mod tensor_parallel;
 
 pub use bodies::KernelChoice;
 pub use constraint::{Constraint, ConstraintError, TokenConstraint, TokenMask};

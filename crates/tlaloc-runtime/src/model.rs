@@ -358,6 +358,7 @@ impl Model {
         let mut timings = LoadTimings::default();
 
         let artifact = Artifact::open(dir.as_ref())?;
+        crate::tensor_parallel::refuse_split_artifact(artifact.manifest())?;
         if options.verify {
             artifact.verify()?;
         }
@@ -584,6 +585,7 @@ pub fn compile_into_artifact(
     options: &LoadOptions,
 ) -> Result<CompiledArtifact, LoadError> {
     let artifact = Artifact::open(dir.as_ref())?;
+    crate::tensor_parallel::refuse_split_artifact(artifact.manifest())?;
     if options.verify {
         artifact.verify()?;
     }

@@ -38,6 +38,7 @@ fn export_tiny(out: &Path) {
         cpu_variant: true,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, out, &options, &mut |_| {}).unwrap();

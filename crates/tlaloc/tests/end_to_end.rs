@@ -75,6 +75,7 @@ fn export_once(checkpoint: &Path, name: &str, ladder: LadderOptions) -> PathBuf 
         cpu_variant: false,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     export(checkpoint, &out, &options, &mut |_| {}).unwrap_or_else(|e| {
         panic!(
@@ -891,6 +892,7 @@ fn smollm2_cpu_variant() -> &'static Path {
             cpu_variant: true,
             keep_quantized: false,
             quantize_activations: false,
+            tensor_parallel: 1,
         };
         export(&gguf, &out, &options, &mut |_| {}).unwrap();
         out

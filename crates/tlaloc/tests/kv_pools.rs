@@ -40,6 +40,7 @@ fn export_tiny_with(dtype: Dtype, kv_dtype: Dtype, cpu_variant: bool) -> PathBuf
         cpu_variant,
         keep_quantized: false,
         quantize_activations: false,
+        tensor_parallel: 1,
     };
     let fixture = workspace_root().join("tests/data/fixtures/tiny-llama-gqa");
     export(&fixture, &out, &options, &mut |_| {}).unwrap();

@@ -547,6 +547,7 @@ fn export_with(
         cpu_variant: keep_quantized,
         keep_quantized,
         quantize_activations,
+        tensor_parallel: 1,
     };
     export(gguf, &out, &options, &mut |_| {})
         .unwrap_or_else(|e| panic!("exporting {}: {e}", gguf.display()));

@@ -27,7 +27,7 @@ pub fn ladder() -> Ladder {
     }
 }
 
-fn model() -> ManifestModel {
+pub fn model() -> ManifestModel {
     ManifestModel {
         architecture: "LlamaForCausalLM".into(),
         hidden_size: 4,
@@ -100,6 +100,7 @@ pub fn write_with(dir: &Path, ladder: Ladder) -> Written {
         model: model(),
         dtype: Dtype::F32,
         kv_cache: KvCacheLayout::for_model(&model(), Dtype::F32, ladder.block_size, 9),
+        tensor_parallel: None,
         ladder: ladder.clone(),
         entries: Vec::new(),
         padding: PaddingContract::CONTRACT,

@@ -6,5 +6,6 @@ mod fixture;
 mod hostile_json;
 mod ladder;
 mod loader;
+mod tensor_parallel;
 mod variants;
 mod writer;

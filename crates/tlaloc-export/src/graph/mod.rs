@@ -74,16 +74,33 @@
 //! `tlaloc.cpu.paged_attention` call per layer on the written pools
 //! (`kernels::CPU_PAGED_ATTENTION` states the function: the same as above, read in place, only
 //! the visible keys). Quantized pools keep the graph's attention in the variant too.
+//!
+//! Tensor parallelism (`WeightPlan::tensor_parallel` = N > 1, [`crate::tensor_parallel`]): the
+//! same graph over the global shapes, made an SPMD program over N partitions by annotations on
+//! `@main`'s signature alone: every argument and result states its `mhlo.sharding` (step inputs
+//! and the logits/token outputs replicated, each weight split on its slot's axis or replicated,
+//! each pool and its aliased output split over the KV heads), and XLA's sharding propagation
+//! lays out everything between them and inserts the collectives. In the tiny fixture's
+//! partitioned decode and prefill (XLA CPU's optimized HLO) they are Megatron's and no more: one
+//! all-reduce after the vocabulary-split embedding lookup and one after each o and down
+//! projection, an all-gather of the vocabulary-split logits and two of each device's argmax
+//! candidate (value, index); no weight or pool moves between devices. The signature
+//! is the place because it is all a loader sees: what each device must hold is stated there and
+//! nowhere else. The one change inside is how the fused projections are read: their rows are
+//! shard-major, so `qkv` is read as `[N, q_k + k_k + v_k]` heads and `gate_up` as `[N, 2, I /
+//! N]` (`Graph::split_qkv`, `Graph::split_gate_up`), which keeps each device's heads and MLP
+//! columns on that device; with N = 1 the graph is the one above, op for op.
 
 pub mod rope;
 
 use std::collections::BTreeMap;
 
 use tlaloc_artifact::step::{KvPool, PoolOperand, StepInput};
+use tlaloc_artifact::tensor_parallel::POOL_SPLIT_AXIS;
 use tlaloc_artifact::{BlockFormat, Dtype, KvCacheLayout, LadderPoint, kernels};
 use tlaloc_hlo::{
     CompareDirection, DotDims, FunctionBuilder, GatherSpec, HloError, Module, Precision, Scalar,
-    ScalarType, ScatterSpec, ScatterUpdate, TensorType, Value,
+    ScalarType, ScatterSpec, ScatterUpdate, Sharding, TensorType, Value,
 };
 
 use crate::checkpoint::{LayerRole, TensorRole};
@@ -117,6 +134,9 @@ pub struct WeightSlot {
     /// The block format the slot's operand is stored in (its raw blocks, `u8 [out, row
     /// bytes]`, see `tlaloc_artifact::quant`); `None` for a dense operand of `dtype`.
     pub block: Option<BlockFormat>,
+    /// In a tensor-parallel plan, the dimension of `dims` split over the devices
+    /// ([`crate::tensor_parallel`]); `None` for a slot every device takes whole.
+    pub split: Option<usize>,
 }
 
 impl WeightSlot {
@@ -147,6 +167,9 @@ pub struct WeightPlan {
     /// 8-bit codes per 32-element block first (`Graph::round_activation_blocks`), in every
     /// body: the `cpu` variant's `_xq8` kernels then multiply integers (f32 exports only).
     pub quantize_activations: bool,
+    /// Devices each program is split over (`mhlo.num_partitions`); 1 for a program of one
+    /// device. Set with the slots' split axes by [`crate::tensor_parallel::apply`].
+    pub tensor_parallel: usize,
 }
 
 /// The weight slots of one decoder layer: a name and the checkpoint roles whose rows it holds.
@@ -213,6 +236,7 @@ impl WeightPlan {
                 dtype,
                 dims,
                 block: None,
+                split: None,
             });
         };
         push(EMBEDDING_SLOT.into(), vec![TensorRole::Embedding]);
@@ -242,6 +266,7 @@ impl WeightPlan {
                 dtype: Dtype::F32,
                 dims: vec![rope_positions, c.head_dim],
                 block: None,
+                split: None,
             });
         }
         WeightPlan {
@@ -250,6 +275,7 @@ impl WeightPlan {
             rope_positions,
             slots,
             quantize_activations: false,
+            tensor_parallel: 1,
         }
     }
 }
@@ -269,6 +295,10 @@ pub enum GraphError {
     UnsupportedKvDtype(Dtype),
     #[error("weight slot {slot}: {reason}")]
     UnsupportedBlockWeight { slot: String, reason: String },
+    #[error(
+        "entry {entry}: the cpu body variant runs on one device; a program split over {degree} devices has only the portable body"
+    )]
+    SplitCpuVariant { entry: String, degree: usize },
     #[error("entry {entry}: context {context} is not a multiple of the KV block size {block_size}")]
     ContextNotBlockAligned {
         entry: String,
@@ -308,6 +338,12 @@ pub fn forward_program(
             entry,
             context: point.context,
             block_size: kv.block_size,
+        });
+    }
+    if kind == BodyKind::Cpu && plan.tensor_parallel > 1 {
+        return Err(GraphError::SplitCpuVariant {
+            entry,
+            degree: plan.tensor_parallel,
         });
     }
     let matrix = hlo_dtype(plan.dtype)?;
@@ -351,6 +387,7 @@ pub fn forward_program(
         quant,
         kind,
         quantize_activations: plan.quantize_activations,
+        shards: plan.tensor_parallel,
     };
     build(&mut g, plan, kv, point).map_err(|source| GraphError::Hlo { entry, source })
 }
@@ -373,6 +410,9 @@ struct Graph {
     kind: BodyKind,
     /// See [`WeightPlan::quantize_activations`].
     quantize_activations: bool,
+    /// Devices the program is split over; the fused projections' rows are shard-major when
+    /// more than 1 ([`crate::tensor_parallel`]).
+    shards: usize,
 }
 
 /// Largest i8 code of symmetric absmax quantization (-128 is never used, so the range is
@@ -828,9 +868,10 @@ impl Graph {
         self.f.mul(w, normed)
     }
 
-    /// Per-head RMSNorm of `x [N, heads + kvHeads, D]` over `D`: the first `heads` heads
-    /// (queries) take the first `D` values of the slot's weight, the rest (keys) the next `D`
-    /// (transformers' Qwen3 `q_norm` / `k_norm`, in f32).
+    /// Per-head RMSNorm of `x [N, heads + kvHeads, D]` over `D`: the query heads take the
+    /// first `D` values of the slot's weight, the key heads the next `D` (transformers' Qwen3
+    /// `q_norm` / `k_norm`, in f32). The heads are in [`Graph::split_qkv`]'s order: queries
+    /// then keys, or, split over devices, each shard's queries then its keys.
     fn head_rms_norm(
         &mut self,
         x: Value,
@@ -852,9 +893,19 @@ impl Graph {
         let w = self.weight(slot)?;
         let wq = self.f.slice(w, [0], [d], [1])?;
         let wk = self.f.slice(w, [d], [2 * d], [1])?;
-        let wq = self.f.broadcast_in_dim(wq, [n, heads, d], [2])?;
-        let wk = self.f.broadcast_in_dim(wk, [n, all - heads, d], [2])?;
-        let w = self.f.concatenate(&[wq, wk], 1)?;
+        let w = if self.shards == 1 {
+            let wq = self.f.broadcast_in_dim(wq, [n, heads, d], [2])?;
+            let wk = self.f.broadcast_in_dim(wk, [n, all - heads, d], [2])?;
+            self.f.concatenate(&[wq, wk], 1)?
+        } else {
+            // Shard-major heads: each shard's queries, then its keys.
+            let s = self.shards;
+            let (hq, hk) = (heads / s, (all - heads) / s);
+            let wq = self.f.broadcast_in_dim(wq, [n, s, hq, d], [3])?;
+            let wk = self.f.broadcast_in_dim(wk, [n, s, hk, d], [3])?;
+            let w = self.f.concatenate(&[wq, wk], 2)?;
+            self.f.reshape(w, [n, all, d])?
+        };
         self.f.mul(w, normed)
     }
 
@@ -917,6 +968,102 @@ impl Graph {
     fn per_key(&mut self, x: Value, scores_dims: [usize; 5]) -> Result<Value, HloError> {
         let x = self.f.transpose(x, [0, 2, 1])?;
         self.f.broadcast_in_dim(x, scores_dims, [0, 1, 4])
+    }
+
+    /// The fused q/k/v projection `qkv [N, (heads + 2 kvHeads) * D]` as the queries and keys
+    /// side by side `[N, heads + kvHeads, D]` (RoPE and the q/k norm take them together) and
+    /// the values `[N, kvHeads, D]`. Split over devices the rows are shard-major
+    /// ([`crate::tensor_parallel`]), so the heads of `qk` are each shard's queries then its
+    /// keys; [`Graph::split_qk`] undoes that.
+    fn split_qkv(
+        &mut self,
+        qkv: Value,
+        (heads, kv_heads, d): (usize, usize, usize),
+    ) -> Result<(Value, Value), HloError> {
+        let n = self.dims(qkv)?[0];
+        let qk_heads = heads + kv_heads;
+        if self.shards == 1 {
+            let qkv = self.f.reshape(qkv, [n, qk_heads + kv_heads, d])?;
+            let qk = self.f.slice(qkv, [0, 0, 0], [n, qk_heads, d], [1, 1, 1])?;
+            let v = self.f.slice(
+                qkv,
+                [0, qk_heads, 0],
+                [n, qk_heads + kv_heads, d],
+                [1, 1, 1],
+            )?;
+            return Ok((qk, v));
+        }
+        let s = self.shards;
+        let (hq, hk) = (heads / s, kv_heads / s);
+        let per = hq + 2 * hk;
+        let qkv = self.f.reshape(qkv, [n, s, per, d])?;
+        let qk = self
+            .f
+            .slice(qkv, [0, 0, 0, 0], [n, s, hq + hk, d], [1, 1, 1, 1])?;
+        let qk = self.f.reshape(qk, [n, qk_heads, d])?;
+        let v = self
+            .f
+            .slice(qkv, [0, 0, hq + hk, 0], [n, s, per, d], [1, 1, 1, 1])?;
+        let v = self.f.reshape(v, [n, kv_heads, d])?;
+        Ok((qk, v))
+    }
+
+    /// The queries `[N, heads, D]` and keys `[N, kvHeads, D]` of `qk` as [`Graph::split_qkv`]
+    /// laid them out, each in head order.
+    fn split_qk(
+        &mut self,
+        qk: Value,
+        (heads, kv_heads, d): (usize, usize, usize),
+    ) -> Result<(Value, Value), HloError> {
+        let n = self.dims(qk)?[0];
+        let qk_heads = heads + kv_heads;
+        if self.shards == 1 {
+            let q = self.f.slice(qk, [0, 0, 0], [n, heads, d], [1, 1, 1])?;
+            let k = self
+                .f
+                .slice(qk, [0, heads, 0], [n, qk_heads, d], [1, 1, 1])?;
+            return Ok((q, k));
+        }
+        let s = self.shards;
+        let (hq, hk) = (heads / s, kv_heads / s);
+        let qk = self.f.reshape(qk, [n, s, hq + hk, d])?;
+        let q = self
+            .f
+            .slice(qk, [0, 0, 0, 0], [n, s, hq, d], [1, 1, 1, 1])?;
+        let q = self.f.reshape(q, [n, heads, d])?;
+        let k = self
+            .f
+            .slice(qk, [0, 0, hq, 0], [n, s, hq + hk, d], [1, 1, 1, 1])?;
+        let k = self.f.reshape(k, [n, kv_heads, d])?;
+        Ok((q, k))
+    }
+
+    /// The fused gate/up projection `[N, 2 * I]` as gate and up `[N, I]` each; split over
+    /// devices its columns are shard-major (each shard's gate, then its up).
+    fn split_gate_up(
+        &mut self,
+        gate_up: Value,
+        intermediate: usize,
+    ) -> Result<(Value, Value), HloError> {
+        if self.shards == 1 {
+            let gate = self.columns(gate_up, 0, intermediate)?;
+            let up = self.columns(gate_up, intermediate, 2 * intermediate)?;
+            return Ok((gate, up));
+        }
+        let n = self.dims(gate_up)?[0];
+        let s = self.shards;
+        let piece = intermediate / s;
+        let gate_up = self.f.reshape(gate_up, [n, s, 2, piece])?;
+        let gate = self
+            .f
+            .slice(gate_up, [0, 0, 0, 0], [n, s, 1, piece], [1, 1, 1, 1])?;
+        let up = self
+            .f
+            .slice(gate_up, [0, 0, 1, 0], [n, s, 2, piece], [1, 1, 1, 1])?;
+        Ok((
+            self.f.reshape(gate, [n, intermediate])?,
+            self.f.reshape(up, [n, intermediate])?,
+        ))
     }
 
     /// Columns `[start, limit)` of `x [N, W]`.
@@ -1010,6 +1157,18 @@ fn build(
         }
     }
 
+    let tp = plan.tensor_parallel;
+    if tp > 1 {
+        let step = [
+            token_ids,
+            inputs.positions,
+            inputs.block_tables,
+            inputs.seq_lens,
+            inputs.slot_mapping,
+        ];
+        shard_operands(g, plan, &step, &pool_args)?;
+    }
+
     // Embedding and the RoPE rows of every token.
     let flat_ids = g.f.reshape(token_ids, [n])?;
     let mut h = g.embedding_rows(flat_ids)?;
@@ -1096,14 +1255,7 @@ fn build(
             &slot(layer, "qkv_proj"),
             bias(layer, "qkv_bias", c.qkv_bias).as_deref(),
         )?;
-        let qkv = g.f.reshape(qkv, [n, qk_heads + kv_heads, d])?;
-        let qk = g.f.slice(qkv, [0, 0, 0], [n, qk_heads, d], [1, 1, 1])?;
-        let v = g.f.slice(
-            qkv,
-            [0, qk_heads, 0],
-            [n, qk_heads + kv_heads, d],
-            [1, 1, 1],
-        )?;
+        let (qk, v) = g.split_qkv(qkv, (heads, kv_heads, d))?;
         let qk = if c.qk_norm {
             g.head_rms_norm(qk, &slot(layer, "qk_norm"), heads, c.rms_norm_eps)?
         } else {
@@ -1116,8 +1268,7 @@ fn build(
             _ => (cos, sin),
         };
         let qk = g.rope(qk, layer_cos, layer_sin)?;
-        let q = g.f.slice(qk, [0, 0, 0], [n, heads, d], [1, 1, 1])?;
-        let k = g.f.slice(qk, [0, heads, 0], [n, qk_heads, d], [1, 1, 1])?;
+        let (q, k) = g.split_qk(qk, (heads, kv_heads, d))?;
 
         let operand = |v: Option<Value>| {
             v.ok_or_else(|| HloError::Signature {
@@ -1253,8 +1404,7 @@ fn build(
             &slot(layer, "gate_up_proj"),
             bias(layer, "gate_up_bias", c.mlp_bias).as_deref(),
         )?;
-        let gate = g.columns(gate_up, 0, intermediate)?;
-        let up = g.columns(gate_up, intermediate, 2 * intermediate)?;
+        let (gate, up) = g.split_gate_up(gate_up, intermediate)?;
         let gate = match c.activation {
             Activation::Silu => {
                 let sigmoid = g.f.logistic(gate)?;
@@ -1314,10 +1464,46 @@ fn build(
     let mut results = vec![logits, next_tokens, next_token_ids];
     for (i, &arg) in pool_args.iter().enumerate() {
         g.f.donate(arg, results.len() + i)?;
+        if tp > 1 {
+            g.f.shard_result(results.len() + i, Sharding::split(POOL_SPLIT_AXIS, tp))?;
+        }
+    }
+    if tp > 1 {
+        for output in 0..results.len() {
+            g.f.shard_result(output, Sharding::Replicated)?;
+        }
     }
     results.extend(new_pools);
     let f = std::mem::replace(&mut g.f, FunctionBuilder::new("tlaloc_forward"));
     f.finish(&results)
+}
+
+/// The SPMD layout of every operand of a program split over `plan.tensor_parallel` devices:
+/// the step inputs replicated, each weight split along its slot's axis or replicated, and the
+/// K/V (and scale) pools split over their KV heads.
+fn shard_operands(
+    g: &mut Graph,
+    plan: &WeightPlan,
+    step: &[Value],
+    pools: &[Value],
+) -> Result<(), HloError> {
+    let tp = plan.tensor_parallel;
+    g.f.set_partitions(tp)?;
+    for &v in step {
+        g.f.shard_argument(v, Sharding::Replicated)?;
+    }
+    for slot in &plan.slots {
+        let sharding = match slot.split {
+            Some(axis) => Sharding::split(axis, tp),
+            None => Sharding::Replicated,
+        };
+        let v = g.operand(&slot.name)?;
+        g.f.shard_argument(v, sharding)?;
+    }
+    for &v in pools {
+        g.f.shard_argument(v, Sharding::split(POOL_SPLIT_AXIS, tp))?;
+    }
+    Ok(())
 }
 
 /// One layer's donated K/V operands, as declared.

@@ -53,7 +53,7 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn element_type(dtype: Dtype) -> ElementType {
+pub fn element_type(dtype: Dtype) -> ElementType {
     match dtype {
         Dtype::F32 => ElementType::F32,
         Dtype::Bf16 => ElementType::BF16,
@@ -65,7 +65,7 @@ fn element_type(dtype: Dtype) -> ElementType {
     }
 }
 
-fn dims_i64(dims: &[usize]) -> Vec<i64> {
+pub fn dims_i64(dims: &[usize]) -> Vec<i64> {
     dims.iter().map(|&d| d as i64).collect()
 }
 

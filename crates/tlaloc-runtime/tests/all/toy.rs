@@ -186,6 +186,7 @@ pub fn write_with(dir: &Path, num_blocks: usize, prefill_batches: &[usize]) {
         model: model_config(),
         dtype: Dtype::F32,
         kv_cache: KvCacheLayout::for_model(&model_config(), Dtype::F32, BLOCK_SIZE, num_blocks),
+        tensor_parallel: None,
         ladder: ladder.clone(),
         entries: Vec::new(),
         padding: PaddingContract::CONTRACT,

@@ -95,6 +95,12 @@ pub struct ExportArgs {
     /// multiplies integers (faster decode; logits move by the rounding).
     #[arg(long)]
     quantize_activations: bool,
+    /// Split every program over this many devices (tensor parallelism: attention heads, the
+    /// MLP, the embedding and LM head, and the K/V pools divided between them; XLA inserts the
+    /// collectives). Must divide the model's attention and KV heads, its intermediate size and
+    /// its vocabulary; 1 is a program of one device.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    tensor_parallel: usize,
     /// After exporting, compile every entry with this plugin and ship the executables in the
     /// artifact (as `tlaloc compile`); repeatable, one set per plugin.
     #[arg(long, value_name = "PLUGIN")]
@@ -150,6 +156,7 @@ impl ExportArgs {
             cpu_variant: self.variants.contains(&VariantArg::Cpu),
             keep_quantized: self.keep_quantized,
             quantize_activations: self.quantize_activations,
+            tensor_parallel: self.tensor_parallel,
         }
     }
 }

@@ -109,6 +109,14 @@ fn summarize(artifact: &Artifact) -> String {
         m.weights.len(),
         human_bytes(weight_bytes)
     );
+    if let Some(tp) = m.tensor_parallel {
+        let split = m.weights.iter().filter(|w| w.split.is_some()).count();
+        let _ = writeln!(
+            out,
+            "tensor parallel: {} devices ({split} weights split, one file per device; K/V pools split over KV heads)",
+            tp.degree
+        );
+    }
     let _ = writeln!(
         out,
         "tokenizer: {}",
