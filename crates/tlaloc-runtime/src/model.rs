@@ -1,4 +1,8 @@
-//! The PJRT-backed executor: an artifact loaded onto one device.
+//! The PJRT-backed executor: an artifact loaded onto one device, or onto N devices of one
+//! client for a tensor-parallel artifact of degree N (see [`crate::tensor_parallel`]: each
+//! device holds its weight shards and pool slices, every step's inputs go to every device, the
+//! program runs on all of them at once and the replicated tokens and logits are read from the
+//! first).
 //!
 //! Loading opens the artifact (optionally re-hashing it), finds and loads the plugin, creates
 //! the client (GPU plugins always get allocator options), compiles the entries (all at start,
@@ -187,11 +191,14 @@ pub struct Platform {
 pub struct Model {
     artifact: Artifact,
     client: Client,
-    device: Device,
+    /// The devices the programs run on: one, or the tensor-parallel degree's.
+    devices: Vec<Device>,
     entries: HashMap<LadderPoint, EntryState>,
-    weights: Vec<Buffer>,
-    pools: Vec<Option<Buffer>>,
-    /// Element type and dims of each pool, in [`PoolOperand::all`] order.
+    /// `[device][weight]`: each device's piece of every weight, manifest order.
+    weights: Vec<Vec<Buffer>>,
+    /// `[device][pool]`: each device's (slice of each) pool, [`PoolOperand::all`] order.
+    pools: Vec<Vec<Option<Buffer>>>,
+    /// Element type and dims of each device's pool buffer, in [`PoolOperand::all`] order.
     pool_specs: Vec<PoolSpec>,
     shape: ModelShape,
     load_timings: LoadTimings,
@@ -223,7 +230,7 @@ fn check_kv_dtype(
     dtype: Dtype,
     options: &CompileOptions,
 ) -> Result<(), LoadError> {
-    crate::kv_dtype::probe(&opened.client, &opened.device, dtype, options).map_err(|refusal| {
+    crate::kv_dtype::probe(&opened.client, &opened.devices[0], dtype, options).map_err(|refusal| {
         LoadError::Unsupported(format!(
             "plugin {} ({}) cannot run {dtype} K/V pools: {}; export the artifact with \
              --kv-dtype int8, bf16 or f32, or serve it on a plugin that runs f8E4M3FN \
@@ -243,10 +250,11 @@ struct PoolSpec {
 }
 
 impl PoolSpec {
-    fn of(operand: &PoolOperand) -> PoolSpec {
+    /// One device's buffer of `operand` when the pools are split over `degree` devices.
+    fn of(operand: &PoolOperand, degree: usize) -> PoolSpec {
         PoolSpec {
             element_type: element_type(operand.dtype),
-            dims: dims_i64(&operand.dims),
+            dims: crate::tensor_parallel::pool_slice_dims(&dims_i64(&operand.dims), degree),
         }
     }
 
@@ -255,15 +263,17 @@ impl PoolSpec {
     }
 }
 
-/// A client of the plugin `options` ask for, its first device, and what identifies them.
+/// A client of the plugin `options` ask for, the devices programs run on (its first, or the
+/// first `degree`), and what identifies them.
 struct OpenedClient {
     client: Client,
-    device: Device,
+    devices: Vec<Device>,
     platform: Platform,
 }
 
-/// Finds and loads the plugin and creates its client (GPU clients with `options.gpu`).
-fn open_client(options: &LoadOptions) -> Result<OpenedClient, LoadError> {
+/// Finds and loads the plugin and creates its client (GPU clients with `options.gpu`) with
+/// `degree` devices to run on.
+fn open_client(options: &LoadOptions, degree: usize) -> Result<OpenedClient, LoadError> {
     let found = discovery::find(&options.plugin)?;
     let plugin = Plugin::load(&found.path)
         .map_err(pjrt(format!("loading plugin {}", found.path.display())))?;
@@ -272,11 +282,17 @@ fn open_client(options: &LoadOptions) -> Result<OpenedClient, LoadError> {
     } else {
         ClientOptions::for_platform_hint(&found.path.to_string_lossy())
     };
+    let client_options = crate::tensor_parallel::client_options(client_options, degree);
     let client = Client::new(&plugin, client_options).map_err(pjrt(format!(
         "creating a client of {}",
         found.path.display()
     )))?;
-    let device = client.first_device().map_err(pjrt("finding a device"))?;
+    let devices = if degree == 1 {
+        vec![client.first_device().map_err(pjrt("finding a device"))?]
+    } else {
+        crate::tensor_parallel::devices_for(&client, degree, &found.path.to_string_lossy())?
+    };
+    let device = &devices[0];
     let identity = CacheIdentity {
         api_version: plugin.api_version(),
         platform_name: client.platform_name().map_err(pjrt("platform name"))?,
@@ -289,7 +305,7 @@ fn open_client(options: &LoadOptions) -> Result<OpenedClient, LoadError> {
     };
     Ok(OpenedClient {
         client,
-        device,
+        devices,
         platform: Platform {
             plugin_path: found.path.clone(),
             identity,
@@ -358,26 +374,38 @@ impl Model {
         let mut timings = LoadTimings::default();
 
         let artifact = Artifact::open(dir.as_ref())?;
-        crate::tensor_parallel::refuse_split_artifact(artifact.manifest())?;
         if options.verify {
             artifact.verify()?;
         }
         timings.open = started.elapsed();
+        let degree = artifact.manifest().tensor_parallel_degree();
 
         let phase = Instant::now();
-        let opened = open_client(options)?;
+        let opened = open_client(options, degree)?;
         timings.client = phase.elapsed();
 
-        // Kernels are registered before anything compiles or deserializes.
-        let choice = bodies::choose(&artifact, &opened.client, options.kernels);
+        // Kernels are registered before anything compiles or deserializes. Variants are off
+        // for a tensor-parallel artifact.
+        let kernels = match crate::tensor_parallel::features_off_line(degree) {
+            None => options.kernels,
+            Some(line) => {
+                tracing::info!("{line}");
+                KernelChoice::Portable
+            }
+        };
+        let choice = bodies::choose(&artifact, &opened.client, kernels);
         timings.bodies = choice.line.clone();
         let mut entries = plan_entries(&artifact, &choice)?;
         let shape = shape_of(&artifact);
         let cache = options.compile_cache.as_ref().map(CompileCache::new);
-        let compile_options = CompileOptions::default();
+        let compile_options = crate::tensor_parallel::compile_options(&opened.devices)?;
         let kv = &artifact.manifest().kv_cache;
-        let pool_specs: Vec<PoolSpec> = PoolOperand::all(kv).iter().map(PoolSpec::of).collect();
-        check_kv_dtype(&opened, kv.dtype, &compile_options)?;
+        let pool_specs: Vec<PoolSpec> = PoolOperand::all(kv)
+            .iter()
+            .map(|operand| PoolSpec::of(operand, degree))
+            .collect();
+        // The probe runs a one-device program on the first device.
+        check_kv_dtype(&opened, kv.dtype, &CompileOptions::default())?;
 
         // Compilation, weight upload and pool allocation share nothing but the client, so they
         // overlap; each reports its own wall time. Choosing the shipped executables hashes the
@@ -396,7 +424,7 @@ impl Model {
             .iter()
             .map(Entry::point)
             .collect();
-        let (client, device) = (&opened.client, &opened.device);
+        let (client, devices) = (&opened.client, &opened.devices);
         let (compiled, uploaded, allocated) = std::thread::scope(|scope| {
             let compile = scope.spawn(|| {
                 timed(|| {
@@ -420,11 +448,14 @@ impl Model {
             });
             let allocate = scope.spawn(|| {
                 timed(|| {
-                    zero_pools_of(client, device, &pool_specs)
+                    devices
+                        .iter()
+                        .map(|device| zero_pools_of(client, device, &pool_specs))
+                        .collect::<Result<Vec<_>, _>>()
                         .map_err(pjrt("allocating the K/V pools"))
                 })
             });
-            let uploaded = timed(|| upload_weights(client, device, &artifact));
+            let uploaded = timed(|| upload_weights(client, devices, &artifact));
             (join(compile), uploaded, join(allocate))
         });
         let (compiled, compile_time) = compiled;
@@ -435,7 +466,10 @@ impl Model {
         let (weights, upload_stats) = weights?;
         timings.upload_read = upload_stats.read;
         timings.upload_transfer = upload_stats.transfer;
-        let pools: Vec<Option<Buffer>> = pools?.into_iter().map(Some).collect();
+        let pools: Vec<Vec<Option<Buffer>>> = pools?
+            .into_iter()
+            .map(|device_pools| device_pools.into_iter().map(Some).collect())
+            .collect();
         timings.compile = compile_time;
         timings.upload_weights = upload_time;
         timings.allocate_pools = pool_time;
@@ -457,9 +491,15 @@ impl Model {
 
         let OpenedClient {
             client,
-            device,
+            devices,
             platform,
         } = opened;
+        // Decode chains feed one device's token buffer to the next step: off at degree > 1.
+        let max_decode_chain = if devices.len() > 1 {
+            1
+        } else {
+            options.max_decode_chain.max(1)
+        };
         let mut model = Model {
             pool_specs,
             pools,
@@ -470,11 +510,11 @@ impl Model {
             compile_options,
             artifact,
             client,
-            device,
+            devices,
             entries,
             shape,
             load_timings: LoadTimings::default(),
-            max_decode_chain: options.max_decode_chain.max(1),
+            max_decode_chain,
             decode_chain_window: options.decode_chain_window,
         };
 
@@ -482,6 +522,7 @@ impl Model {
         tracing::info!(
             plugin = %model.platform.plugin_path.display(),
             device = %model.platform.identity.device_kind,
+            devices = model.devices.len(),
             entries = model.entries.len(),
             compiled = timings.compiled,
             cache_hits = timings.cache_hits,
@@ -515,33 +556,38 @@ impl Model {
 
     /// Replaces every pool a failed step consumed with a zero-filled one.
     fn refill_pools(&mut self) -> Result<(), tlaloc_pjrt::Error> {
-        let missing: Vec<PoolSpec> = self
-            .pools
-            .iter()
-            .zip(&self.pool_specs)
-            .filter(|(p, _)| p.is_none())
-            .map(|(_, spec)| spec.clone())
-            .collect();
-        let mut fresh = zero_pools_of(&self.client, &self.device, &missing)?.into_iter();
-        for pool in self.pools.iter_mut().filter(|p| p.is_none()) {
-            *pool = fresh.next();
+        for (device, pools) in self.devices.iter().zip(&mut self.pools) {
+            let missing: Vec<PoolSpec> = pools
+                .iter()
+                .zip(&self.pool_specs)
+                .filter(|(p, _)| p.is_none())
+                .map(|(_, spec)| spec.clone())
+                .collect();
+            let mut fresh = zero_pools_of(&self.client, device, &missing)?.into_iter();
+            for pool in pools.iter_mut().filter(|p| p.is_none()) {
+                *pool = fresh.next();
+            }
         }
         Ok(())
     }
 
     /// Reads one pool back to the host (index in [`PoolOperand::all`] order: `K0, V0, K1, ...`,
-    /// each layer's scales after its pools when quantized); for tests of the pool invariants,
-    /// never used when serving.
+    /// each layer's scales after its pools when quantized; the first device's KV-head slice of
+    /// a tensor-parallel artifact); for tests of the pool invariants, never used when serving.
     pub fn read_pool(&self, index: usize) -> Option<Vec<u8>> {
-        let pool = self.pools.get(index)?.as_ref()?;
+        let pool = self.pools.first()?.get(index)?.as_ref()?;
         let mut out = vec![0u8; self.pool_specs.get(index)?.byte_len()];
         pool.copy_to_host_bytes(&mut out).ok()?;
         Some(out)
     }
 
-    /// Bytes of every pool buffer together, as allocated.
+    /// Bytes of every pool buffer together, as allocated, over all devices.
     pub fn pool_bytes(&self) -> u64 {
-        self.pool_specs.iter().map(|s| s.byte_len() as u64).sum()
+        self.pool_specs
+            .iter()
+            .map(|s| s.byte_len() as u64)
+            .sum::<u64>()
+            * self.devices.len() as u64
     }
 
     fn device_error(entry: &LadderPoint, what: &str, e: tlaloc_pjrt::Error) -> ExecutorError {
@@ -585,11 +631,11 @@ pub fn compile_into_artifact(
     options: &LoadOptions,
 ) -> Result<CompiledArtifact, LoadError> {
     let artifact = Artifact::open(dir.as_ref())?;
-    crate::tensor_parallel::refuse_split_artifact(artifact.manifest())?;
+    crate::tensor_parallel::refuse_compiling_split_artifact(artifact.manifest())?;
     if options.verify {
         artifact.verify()?;
     }
-    let opened = open_client(options)?;
+    let opened = open_client(options, 1)?;
     let cache = options.compile_cache.as_ref().map(CompileCache::new);
     let compile_options = CompileOptions::default();
     let compiler = Compiler {
@@ -1063,17 +1109,21 @@ const MAX_UPLOAD_STAGING: u64 = 2 << 30;
 /// per thread into fresh memory and at 4.2 GB/s into reused memory).
 fn upload_weights(
     client: &Client,
-    device: &Device,
+    devices: &[Device],
     artifact: &Artifact,
-) -> Result<(Vec<Buffer>, UploadStats), LoadError> {
+) -> Result<(Vec<Vec<Buffer>>, UploadStats), LoadError> {
     let weights = &artifact.manifest().weights;
+    let degree = devices.len();
     let staging_len = weights
         .iter()
+        .filter(|w| w.split.is_none())
         .map(|w| w.byte_length)
         .filter(|&len| len <= MAX_UPLOAD_STAGING)
         .max()
         .unwrap_or(0) as usize;
     let stats = Mutex::new(UploadStats::default());
+    // `[weight][device]`: a replicated weight is read once and uploaded to every device, a
+    // split one's shard k is read and uploaded to device k.
     let buffers = parallel_map_with(
         weights,
         cores().min(MAX_UPLOAD_THREADS),
@@ -1081,39 +1131,100 @@ fn upload_weights(
         // are mapped lazily, on the first read into them.
         Vec::<u8>::new,
         |staging, w| {
-            let started = Instant::now();
-            let len = w.byte_length as usize;
-            let owned;
-            let bytes: &[u8] = if len <= staging_len {
-                if staging.is_empty() {
-                    *staging = vec![0u8; staging_len];
-                }
-                artifact.read_weight_into(&w.slot, &mut staging[..len])?;
-                &staging[..len]
-            } else {
-                owned = artifact.weight_bytes(&w.slot)?;
-                &owned
-            };
-            let read = started.elapsed();
-            // A block-quantized weight is uploaded as the raw bytes its operand is.
-            let (dtype, dims) = w.operand().ok_or_else(|| {
+            let mut read = Duration::ZERO;
+            let mut transfer = Duration::ZERO;
+            let mut on_devices = Vec::with_capacity(degree);
+            let bad_dims = || {
                 LoadError::Unsupported(format!(
                     "weight {}: {:?} cannot hold dims {:?}",
                     w.slot, w.block_format, w.dims
                 ))
-            })?;
-            let buffer = client
-                .buffer_from_host_bytes(bytes, element_type(dtype), &dims_i64(&dims), device)
-                .map_err(pjrt(format!("uploading weight {}", w.slot)))?;
-            let transfer = started.elapsed() - read;
+            };
+            // A block-quantized weight is uploaded as the raw bytes its operand is.
+            let (dtype, dims) = w.operand().ok_or_else(bad_dims)?;
+            match &w.split {
+                None => {
+                    let started = Instant::now();
+                    let len = w.byte_length as usize;
+                    let owned;
+                    let bytes: &[u8] = if len <= staging_len {
+                        if staging.is_empty() {
+                            *staging = vec![0u8; staging_len];
+                        }
+                        artifact.read_weight_into(&w.slot, &mut staging[..len])?;
+                        &staging[..len]
+                    } else {
+                        owned = artifact.weight_bytes(&w.slot)?;
+                        &owned
+                    };
+                    read += started.elapsed();
+                    for device in devices {
+                        let started = Instant::now();
+                        on_devices.push(
+                            client
+                                .buffer_from_host_bytes(
+                                    bytes,
+                                    element_type(dtype),
+                                    &dims_i64(&dims),
+                                    device,
+                                )
+                                .map_err(pjrt(format!("uploading weight {}", w.slot)))?,
+                        );
+                        transfer += started.elapsed();
+                    }
+                }
+                Some(split) => {
+                    let logical = tlaloc_artifact::tensor_parallel::shard_dims(
+                        &w.dims,
+                        w.block_format,
+                        split.axis,
+                        degree,
+                    )
+                    .map_err(|why| {
+                        LoadError::Unsupported(format!(
+                            "weight {} does not split over {degree} devices: {why}",
+                            w.slot
+                        ))
+                    })?;
+                    let shard_dims = match w.block_format {
+                        None => logical,
+                        Some(format) => format.operand_dims(&logical).map_err(|_| bad_dims())?,
+                    };
+                    for (k, device) in devices.iter().enumerate() {
+                        let started = Instant::now();
+                        let bytes = artifact.weight_shard_bytes(&w.slot, k)?;
+                        read += started.elapsed();
+                        let started = Instant::now();
+                        on_devices.push(
+                            client
+                                .buffer_from_host_bytes(
+                                    &bytes,
+                                    element_type(dtype),
+                                    &dims_i64(&shard_dims),
+                                    device,
+                                )
+                                .map_err(pjrt(format!("uploading weight {} shard {k}", w.slot)))?,
+                        );
+                        transfer += started.elapsed();
+                    }
+                }
+            }
             let mut stats = stats.lock().unwrap_or_else(|p| p.into_inner());
             stats.read += read;
             stats.transfer += transfer;
-            Ok::<_, LoadError>(buffer)
+            Ok::<_, LoadError>(on_devices)
         },
     )?;
+    let mut by_device: Vec<Vec<Buffer>> = (0..degree)
+        .map(|_| Vec::with_capacity(buffers.len()))
+        .collect();
+    for on_devices in buffers {
+        for (k, buffer) in on_devices.into_iter().enumerate() {
+            by_device[k].push(buffer);
+        }
+    }
     Ok((
-        buffers,
+        by_device,
         stats.into_inner().unwrap_or_else(|p| p.into_inner()),
     ))
 }
@@ -1301,6 +1412,10 @@ impl ModelExecutor for Model {
         key: &LadderPoint,
         steps: &[StepInputs],
     ) -> Result<Vec<StepOutput>, ExecutorError> {
+        if self.devices.len() > 1 {
+            // No chains across several devices: each step reads its tokens back.
+            return steps.iter().map(|inputs| self.step(key, inputs)).collect();
+        }
         // Every step is launched before any result is read: the device runs them back to back,
         // each taking the previous step's `nextTokenIds` buffer as its token ids.
         let mut launched: Vec<Launched> = Vec::with_capacity(steps.len());
@@ -1327,11 +1442,11 @@ impl ModelExecutor for Model {
     }
 }
 
-/// A launched step: its outputs (the pools already taken back by the model), the input
-/// buffers that must outlive the launch, and the host time spent so far.
+/// A launched step: the first device's outputs (the pools already taken back by the model),
+/// every device's input buffers that must outlive the launch, and the host time spent so far.
 struct Launched {
     outputs: Vec<Option<Buffer>>,
-    _inputs: Vec<Option<Buffer>>,
+    _inputs: Vec<Vec<Option<Buffer>>>,
     timings: StepTimings,
 }
 
@@ -1366,15 +1481,20 @@ impl Model {
                 what: "device-fed token ids on an entry of more than one token per row".into(),
             });
         }
+        if fed.is_some() && self.devices.len() > 1 {
+            return Err(ExecutorError::BadInputs {
+                entry: *key,
+                what: "device-fed token ids on a tensor-parallel model".into(),
+            });
+        }
         let mut timings = StepTimings::default();
         let started = Instant::now();
-        if self.pools.iter().any(Option::is_none) {
+        if self.pools.iter().flatten().any(Option::is_none) {
             // A failed step consumed the donated pools; start over from zeros.
             self.refill_pools()
                 .map_err(|e| Self::device_error(key, "reallocating the K/V pools", e))?;
         }
-        // Kept by step input (`StepInput::index`); `None` for device-fed token ids.
-        let mut step_buffers = Vec::with_capacity(StepInput::ALL.len());
+        let mut step_arrays = Vec::with_capacity(StepInput::ALL.len());
         for input in StepInput::ALL {
             let data = inputs.array(input);
             let dims = dims_i64(&input.dims(*key, self.shape.block_size));
@@ -1388,51 +1508,82 @@ impl Model {
                     ),
                 });
             }
-            if input == StepInput::TokenIds && fed.is_some() {
-                step_buffers.push(None);
-                continue;
+            step_arrays.push((input, data, dims));
+        }
+        // `[device][StepInput::index]`; `None` for device-fed token ids. Every device gets the
+        // same step inputs.
+        let mut step_buffers: Vec<Vec<Option<Buffer>>> = Vec::with_capacity(self.devices.len());
+        for device in &self.devices {
+            let mut on_device = Vec::with_capacity(step_arrays.len());
+            for (input, data, dims) in &step_arrays {
+                if *input == StepInput::TokenIds && fed.is_some() {
+                    on_device.push(None);
+                    continue;
+                }
+                on_device.push(Some(
+                    self.client
+                        .buffer_from_host(data, dims, device)
+                        .map_err(|e| Self::device_error(key, "uploading step inputs", e))?,
+                ));
             }
-            step_buffers.push(Some(
-                self.client
-                    .buffer_from_host(data, &dims, &self.device)
-                    .map_err(|e| Self::device_error(key, "uploading step inputs", e))?,
-            ));
+            step_buffers.push(on_device);
         }
         timings.upload = started.elapsed();
 
         let state = &self.entries[key];
         let plan = &state.plan;
         let executable = state.executable.as_ref().expect("compiled above");
-        // Step inputs in role order; the token ids come from the device when fed.
-        let step_input = |input: StepInput| {
-            step_buffers[input.index()]
-                .as_ref()
-                .or(fed)
-                .expect("only the token ids are left out, and only when fed")
-        };
-        let mut donated: Vec<Option<Buffer>> = self.pools.iter_mut().map(Option::take).collect();
-        let args: Vec<ExecuteArg<'_>> = plan
-            .inputs
+        let mut donated: Vec<Vec<Option<Buffer>>> = self
+            .pools
+            .iter_mut()
+            .map(|pools| pools.iter_mut().map(Option::take).collect())
+            .collect();
+        // Each device's arguments: its step inputs in role order (the token ids from the
+        // device when fed), its weights by reference, its pools donated.
+        let args: Vec<Vec<ExecuteArg<'_>>> = step_buffers
             .iter()
-            .map(|source| match *source {
-                Source::Step(i) => ExecuteArg::Borrowed(step_input(i)),
-                Source::Weight(i) => ExecuteArg::Borrowed(&self.weights[i]),
-                Source::Pool(i) => {
-                    ExecuteArg::Donated(donated[i].take().expect("every pool present"))
-                }
+            .zip(&self.weights)
+            .zip(&mut donated)
+            .map(|((step_buffers, weights), donated)| {
+                plan.inputs
+                    .iter()
+                    .map(|source| match *source {
+                        Source::Step(i) => ExecuteArg::Borrowed(
+                            step_buffers[i.index()]
+                                .as_ref()
+                                .or(fed)
+                                .expect("only the token ids are left out, and only when fed"),
+                        ),
+                        Source::Weight(i) => ExecuteArg::Borrowed(&weights[i]),
+                        Source::Pool(i) => {
+                            ExecuteArg::Donated(donated[i].take().expect("every pool present"))
+                        }
+                    })
+                    .collect()
             })
             .collect();
         let started = Instant::now();
-        let outputs = executable
-            .execute(args)
-            .map_err(|e| Self::device_error(key, "execute", e))?;
+        let per_device = if args.len() == 1 {
+            let args = args.into_iter().next().expect("one device");
+            executable.execute(args).map(|outputs| vec![outputs])
+        } else {
+            executable.execute_per_device(args)
+        }
+        .map_err(|e| Self::device_error(key, "execute", e))?;
         timings.execute = started.elapsed();
-        let mut outputs: Vec<Option<Buffer>> = outputs.into_iter().map(Some).collect();
-        for (pool, &output) in plan.pool_outputs.iter().enumerate() {
-            self.pools[pool] = outputs.get_mut(output).and_then(Option::take);
+        let mut first_outputs = Vec::new();
+        for (k, outputs) in per_device.into_iter().enumerate() {
+            let mut outputs: Vec<Option<Buffer>> = outputs.into_iter().map(Some).collect();
+            for (pool, &output) in plan.pool_outputs.iter().enumerate() {
+                self.pools[k][pool] = outputs.get_mut(output).and_then(Option::take);
+            }
+            if k == 0 {
+                // Tokens and logits are replicated: the first device's are read.
+                first_outputs = outputs;
+            }
         }
         Ok(Launched {
-            outputs,
+            outputs: first_outputs,
             _inputs: step_buffers,
             timings,
         })
