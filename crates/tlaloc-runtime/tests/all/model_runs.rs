@@ -327,7 +327,16 @@ fn prompts_prefilled_together_match_the_reference_on_every_plugin() {
     for plugin in test_plugin_paths() {
         let engine = Engine::load(&dir, options(&plugin, None, CompileMode::Eager)).unwrap();
         let max_tokens = 6;
-        assert_prompts_match_the_reference(&engine, &plugin, |_| max_tokens);
+        // The prompts are submitted one by one while the engine runs, so on a busy machine a
+        // round can prefill each prompt before the next arrives; every round must match the
+        // reference, and some round within a few must have shared a prefill step.
+        for _ in 0..5 {
+            assert_prompts_match_the_reference(&engine, &plugin, |_| max_tokens);
+            let steps = engine.stats().steps;
+            if steps.prefill_rows > steps.prefill_steps {
+                break;
+            }
+        }
         let stats = engine.stats();
         assert!(
             stats.steps.prefill_rows > stats.steps.prefill_steps,
