@@ -276,13 +276,22 @@ impl Client {
                 &mut args
             )
         }?;
-        if args.addressable_devices.is_null() || args.num_addressable_devices == 0 {
+        self.devices_from_raw(args.addressable_devices, args.num_addressable_devices)
+    }
+
+    /// The devices of a `(pointer, count)` device array the plugin returned, owned by this
+    /// client (a client's or one of its executables' device list).
+    pub(crate) fn devices_from_raw(
+        &self,
+        raws: *const *mut ffi::PJRT_Device,
+        count: usize,
+    ) -> Result<Vec<Device>> {
+        if raws.is_null() || count == 0 {
             return Ok(Vec::new());
         }
-        // SAFETY: the plugin returned `num_addressable_devices` device pointers owned by the client.
-        let raws = unsafe {
-            std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
-        };
+        // SAFETY: the plugin returned `count` device pointers in an array it keeps alive as long
+        // as the client (or the executable, which holds the client) lives.
+        let raws = unsafe { std::slice::from_raw_parts(raws, count) };
         raws.iter()
             .map(|&raw| Device::new(self.clone(), raw))
             .collect()

@@ -369,17 +369,7 @@ impl LoadedExecutable {
                 &mut args
             )
         }?;
-        if args.addressable_devices.is_null() || args.num_addressable_devices == 0 {
-            return Ok(Vec::new());
-        }
-        // SAFETY: the plugin returned `num_addressable_devices` device pointers, owned by the
-        // client (which `self` holds).
-        let raws = unsafe {
-            std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
-        };
-        raws.iter()
-            .map(|&raw| Device::new(client.clone(), raw))
-            .collect()
+        client.devices_from_raw(args.addressable_devices, args.num_addressable_devices)
     }
 
     /// Runs the program once across all its devices, `args[d]` being the arguments of device
