@@ -405,6 +405,21 @@ pjrt_structs! {
         pub device_description: *mut PJRT_DeviceDescription,
     }
 
+    pub struct PJRT_Client_DmaMap_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub client: *mut PJRT_Client,
+        pub data: *mut c_void,
+        pub size: usize,
+    }
+
+    pub struct PJRT_Client_DmaUnmap_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub client: *mut PJRT_Client,
+        pub data: *mut c_void,
+    }
+
     pub struct PJRT_Device_MemoryStats_Args {
         pub struct_size: usize,
         pub extension_start: *mut PJRT_Extension_Base,
@@ -713,8 +728,8 @@ pjrt_structs! {
         pub PJRT_AsyncHostToDeviceTransferManager_BufferSize: Unused,
         pub PJRT_AsyncHostToDeviceTransferManager_SetBufferError: Unused,
         pub PJRT_AsyncHostToDeviceTransferManager_AddMetadata: Unused,
-        pub PJRT_Client_DmaMap: Unused,
-        pub PJRT_Client_DmaUnmap: Unused,
+        pub PJRT_Client_DmaMap: Entry<PJRT_Client_DmaMap_Args>,
+        pub PJRT_Client_DmaUnmap: Entry<PJRT_Client_DmaUnmap_Args>,
         pub PJRT_Client_CreateUninitializedBuffer: Unused,
         pub PJRT_Client_UpdateGlobalProcessInfo: Unused,
         pub PJRT_TopologyDescription_Deserialize: Unused,

@@ -17,6 +17,7 @@ mod event;
 mod executable;
 pub mod ffi;
 pub mod host_kernel;
+mod pinned;
 mod plugin;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -32,4 +33,5 @@ pub use host_kernel::{
     ElementType as HostElementType, HOST_PLATFORM, HostBuffer, HostBufferMut, HostKernel,
     MAX_HOST_KERNELS, register_host_kernel,
 };
+pub use pinned::PinnedHostMemory;
 pub use plugin::{AttributeValue, Plugin};

@@ -172,6 +172,9 @@ pub struct LoadTimings {
     /// Of the upload, handing bytes to the plugin until it no longer reads them, summed over
     /// the upload threads.
     pub upload_transfer: Duration,
+    /// Of the upload, the bytes handed over from host memory the plugin mapped for DMA
+    /// (pinned); 0 where the plugin maps none.
+    pub upload_pinned_bytes: u64,
     /// Allocating the zero-filled K/V pools on the device (overlaps `compile`).
     pub allocate_pools: Duration,
     /// From the start of loading to ready.

@@ -5,6 +5,7 @@ mod common;
 mod execute;
 mod host_kernel;
 mod layout;
+mod pinned;
 mod plugin;
 mod spmd;
 mod xla_ffi_layout;

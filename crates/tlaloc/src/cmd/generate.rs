@@ -309,6 +309,7 @@ pub fn load_json(timings: Option<&LoadTimings>, cache_enabled: bool) -> Value {
         "upload_weights_ms": ms(t.upload_weights),
         "upload_read_thread_ms": ms(t.upload_read),
         "upload_transfer_thread_ms": ms(t.upload_transfer),
+        "upload_pinned_bytes": t.upload_pinned_bytes,
         "allocate_pools_ms": ms(t.allocate_pools),
         "compiled": t.compiled,
         "cache_hits": t.cache_hits,
