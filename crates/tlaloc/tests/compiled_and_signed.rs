@@ -5,27 +5,18 @@
 //! --public-key` and `serve --require-signature` accept a signed artifact and refuse an
 //! unsigned, altered or foreign-signed one by name.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
 use tlaloc_artifact::signature::SIGNATURE_FILE;
 use tlaloc_artifact::{Dtype, LadderOptions, MANIFEST_FILE};
 use tlaloc_export::{ExportOptions, export};
-use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_pjrt::testing::{test_plugin_paths, workspace_root};
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::scratch;
 
 /// The tiny GQA Llama fixture exported with a small ladder into `out`, every entry with a `cpu`
 /// body variant beside its portable body.
@@ -129,7 +120,9 @@ fn compiled_artifacts_start_from_their_executables_and_reproduce_transformers() 
     let n = comparable.min(expected.len());
     let plugins = test_plugin_paths();
     for (i, plugin) in plugins.iter().enumerate() {
-        let dir = scratch(&format!("compiled-tiny-{i}")).join("artifact");
+        let root = scratch(&format!("compiled-tiny-{i}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let dir = root.join("artifact");
         export_tiny(&dir);
         let said = ok(&[
             "compile",
@@ -175,6 +168,7 @@ fn compiled_artifacts_start_from_their_executables_and_reproduce_transformers() 
 #[test]
 fn signatures_are_checked_by_verify_and_serve_and_refused_by_name() {
     let root = scratch("signed-tiny");
+    std::fs::create_dir_all(&root).unwrap();
     let dir = root.join("artifact");
     export_tiny(&dir);
     let d = dir.to_str().unwrap();

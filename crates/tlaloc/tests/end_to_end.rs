@@ -5,6 +5,8 @@
 //! Artifacts are exported once per test binary (a `OnceLock` each) with small ladders; entries
 //! compile on first use into one compile cache that every `tlaloc` process of the run shares.
 
+mod common;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,23 +16,13 @@ use serde_json::Value;
 use tlaloc_artifact::{Dtype, LadderOptions};
 use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
-use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_pjrt::testing::{test_plugin_paths, workspace_root};
+
+use common::scratch;
 use tlaloc_runtime::{
     CompileMode, Engine, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
     GenerateResult, KernelChoice, LoadOptions, SamplingParams, TokenEvent,
 };
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-    dir
-}
 
 fn goldens(model: &str) -> Value {
     let path = workspace_root()

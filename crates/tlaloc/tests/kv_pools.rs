@@ -10,15 +10,11 @@ use std::path::{Path, PathBuf};
 use tlaloc_artifact::{Dtype, LadderOptions};
 use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
-use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_pjrt::testing::{test_plugin_paths, workspace_root};
 use tlaloc_runtime::{
     CompileMode, Engine, EngineOptions, GenerateRequest, KernelChoice, LoadError, LoadOptions,
     Model, TokenEvent,
 };
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn export_tiny(kv_dtype: Dtype) -> PathBuf {
     export_tiny_with(Dtype::F32, kv_dtype, false)

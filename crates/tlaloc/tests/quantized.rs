@@ -16,6 +16,8 @@
 //! that stays well inside the relative logprob tolerance below, which is the one the engine's
 //! other float-order comparisons use.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use half::f16;
@@ -27,7 +29,9 @@ use tlaloc_artifact::kernels::{
 use tlaloc_artifact::{Artifact, BlockFormat, Dtype, LadderOptions};
 use tlaloc_export::{Checkpoint, ExportOptions, LayerRole, TensorRole, export};
 use tlaloc_pjrt::discovery::PluginRequest;
-use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_pjrt::testing::{test_plugin_paths, workspace_root};
+
+use common::scratch;
 use tlaloc_runtime::{
     CompileMode, Engine, EngineHandle, EngineOptions, GenerateRequest, GenerateResult,
     KernelChoice, LoadOptions,
@@ -44,18 +48,6 @@ const Q5_0_TYPE: u32 = 6;
 const Q4_K_TYPE: u32 = 12;
 const Q6_K_TYPE: u32 = 14;
 const F32_TYPE: u32 = 0;
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-    dir
-}
 
 /// Writes a small GGUF v3: u32/f32/string metadata and tensors `(name, ne, type id, bytes)`.
 struct GgufWriter {

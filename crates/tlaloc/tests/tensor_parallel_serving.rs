@@ -5,28 +5,20 @@
 //! Both degrees share one compile cache, so a one-device executable served to the SPMD load (or
 //! the reverse) would show as a failure here.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use tlaloc_artifact::LadderOptions;
 use tlaloc_export::{ExportOptions, export};
 use tlaloc_pjrt::discovery::PluginRequest;
-use tlaloc_pjrt::testing::test_plugin_paths;
+use tlaloc_pjrt::testing::{test_plugin_paths, workspace_root};
+
+use common::scratch;
 use tlaloc_runtime::{
     CompileMode, Engine, EngineHandle, EngineOptions, GenerateRequest, LoadOptions, TokenEvent,
 };
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-    dir
-}
 
 /// Batches 1 and 2, one context bucket of 128 in blocks of 16, prefill chunks of 16.
 fn ladder() -> LadderOptions {
