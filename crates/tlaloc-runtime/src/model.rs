@@ -1104,10 +1104,17 @@ struct UploadStats {
 /// memory of its own.
 const MAX_UPLOAD_STAGING: u64 = 2 << 30;
 
+/// `len` bytes of host memory mapped for DMA with `client`; `None` where the plugin maps none
+/// (the CPU plugins) or mapping failed, which is logged: the caller then uses ordinary memory.
+fn mapped_or_none(client: &Client, len: usize, what: &str) -> Option<PinnedHostMemory> {
+    client.pinned_host_memory(len).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "mapping {what} for DMA failed; using pageable memory");
+        None
+    })
+}
+
 /// One upload thread's staging buffer, made on the thread's first weight.
 enum Staging {
-    /// No weight read yet.
-    Unset,
     /// Host memory the plugin mapped for DMA: the copy engine reads it directly, at the link's
     /// pinned rate (54.7 GB/s against 7.6 GB/s pageable on the H100 host, 2026-12-07).
     Pinned(PinnedHostMemory),
@@ -1116,42 +1123,39 @@ enum Staging {
 }
 
 impl Staging {
-    /// The staging bytes for a weight of `len` bytes, or `None` when it is larger than
-    /// `max_len` (it is then read into memory of its own). Pinned memory where the plugin maps
-    /// host memory, grown to the largest weight this thread has met (an 8B model's threads
+    /// The staging bytes in `slot` for a weight of `len` bytes, or `None` when it is larger
+    /// than `max_len` (it is then read into memory of its own). Pinned memory where the plugin
+    /// maps host memory, grown to the largest weight this thread has met (an 8B model's threads
     /// mostly hold one 235 MB per-layer weight; only the ones that meet the 1 GB embedding or
     /// LM head pin that much); else one ordinary buffer of `max_len`, made at once, since
-    /// growing it would fault in fresh pages again.
-    fn for_weight(
-        &mut self,
+    /// growing it would fault in fresh pages again. The flag says pinned.
+    fn for_weight<'a>(
+        slot: &'a mut Option<Staging>,
         client: &Client,
         len: usize,
         max_len: usize,
-    ) -> Option<(&mut [u8], bool)> {
+    ) -> Option<(&'a mut [u8], bool)> {
         if len > max_len {
             return None;
         }
-        let grow = match self {
-            Staging::Unset => true,
-            Staging::Pinned(pinned) => pinned.len() < len,
-            Staging::Pageable(_) => false,
+        let fits = match slot {
+            None => false,
+            Some(Staging::Pinned(pinned)) => pinned.len() >= len,
+            Some(Staging::Pageable(_)) => true,
         };
-        if grow {
-            // The old region is unmapped before the larger one is pinned.
-            *self = Staging::Unset;
-            *self = match client.pinned_host_memory(len.max(1)) {
-                Ok(Some(pinned)) => Staging::Pinned(pinned),
-                Ok(None) => Staging::Pageable(vec![0u8; max_len]),
-                Err(e) => {
-                    tracing::warn!(error = %e, "pinning an upload staging buffer failed; using pageable memory");
-                    Staging::Pageable(vec![0u8; max_len])
-                }
-            };
+        if !fits {
+            // The old region is unmapped before the larger one is mapped.
+            *slot = None;
         }
-        match self {
+        let staging = slot.get_or_insert_with(|| {
+            match mapped_or_none(client, len.max(1), "an upload staging buffer") {
+                Some(pinned) => Staging::Pinned(pinned),
+                None => Staging::Pageable(vec![0u8; max_len]),
+            }
+        });
+        match staging {
             Staging::Pinned(pinned) => Some((&mut pinned[..len], true)),
             Staging::Pageable(pageable) => Some((&mut pageable[..len], false)),
-            Staging::Unset => unreachable!("made above"),
         }
     }
 }
@@ -1185,7 +1189,7 @@ fn upload_weights(
         cores().min(MAX_UPLOAD_THREADS),
         // Made on first use, so a thread that gets no weight costs nothing; zeroed pages are
         // mapped lazily, on the first read into them (or at once, where pinned).
-        || Staging::Unset,
+        || None,
         |staging, w| {
             let mut read = Duration::ZERO;
             let mut transfer = Duration::ZERO;
@@ -1205,7 +1209,7 @@ fn upload_weights(
                     let len = w.byte_length as usize;
                     let owned;
                     let (bytes, pinned): (&[u8], bool) =
-                        match staging.for_weight(client, len, staging_len) {
+                        match Staging::for_weight(staging, client, len, staging_len) {
                             Some((buffer, pinned)) => {
                                 artifact.read_weight_into(&w.slot, buffer)?;
                                 (buffer, pinned)
@@ -1339,13 +1343,7 @@ fn zero_pools(
     // Pinned where the plugin maps host memory: the pools are uploaded from these zeros when
     // the plugin refuses a copy on the device, and pageable zeros cross the link at a seventh
     // of the pinned rate.
-    let pinned = match client.pinned_host_memory(bytes.max(1)) {
-        Ok(pinned) => pinned,
-        Err(e) => {
-            tracing::warn!(error = %e, "pinning the pools' zeros failed; using pageable memory");
-            None
-        }
-    };
+    let pinned = mapped_or_none(client, bytes.max(1), "the pools' zeros");
     let pageable;
     let zeros: &[u8] = match &pinned {
         Some(pinned) => &pinned[..bytes],
