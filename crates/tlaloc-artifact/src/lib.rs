@@ -43,6 +43,6 @@ pub use manifest::{
 };
 pub use program::{Donation, OperandRole, ProgramSignature, SignatureMismatch, TensorSpec};
 pub use quant::BlockFormat;
-pub use step::{KvPool, PoolOperand, StepInput, StepOutput};
+pub use step::{KvPool, PoolOperand, StepInput, StepOutput, next_decode_row};
 pub use tensor_parallel::{TensorParallel, WeightShard, WeightSplit};
 pub use writer::{ArtifactWriter, ExistingDir};

@@ -18,8 +18,9 @@ use crate::step::StepInput;
 use crate::tensor_parallel::{self, TensorParallel, WeightShard, WeightSplit};
 
 /// The manifest format this crate reads and writes.
-/// Version 2 added the `nextTokenIds` output.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 2 added the `nextTokenIds` output; version 3 the `nextPositions`, `nextSeqLens` and
+/// `nextSlotMapping` outputs.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// File name of the manifest inside an artifact directory.
 pub const MANIFEST_FILE: &str = "tlaloc-serving.json";

@@ -58,6 +58,11 @@ pub enum OperandRole {
     /// The greedy next token shaped as the next decode step's `tokenIds` (`[B, 1]`), so that
     /// a runtime can feed one step's output to the next on the device.
     NextTokenIds,
+    /// The next decode step's `positions`, `seqLens` and `slotMapping`
+    /// ([`crate::step::next_decode_row`]).
+    NextPositions,
+    NextSeqLens,
+    NextSlotMapping,
 }
 
 /// Input `input` is donated to (aliased with) output `output`; both are operand indices.

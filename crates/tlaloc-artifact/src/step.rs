@@ -85,6 +85,20 @@ impl StepInput {
         }
     }
 
+    /// The output of a decode step that holds this input of the decode step after it, so that
+    /// a chain of decode steps can feed each step from the last on the device. The block
+    /// tables have none: a chain's pages are known when it starts, and its first step's block
+    /// tables serve every step.
+    pub const fn carried_by(self) -> Option<StepOutput> {
+        match self {
+            StepInput::TokenIds => Some(StepOutput::NextTokenIds),
+            StepInput::Positions => Some(StepOutput::NextPositions),
+            StepInput::SeqLens => Some(StepOutput::NextSeqLens),
+            StepInput::SlotMapping => Some(StepOutput::NextSlotMapping),
+            StepInput::BlockTables => None,
+        }
+    }
+
     /// The value of a dead row's (or a padding token's) element.
     ///
     /// Block 0 is the scratch page; a sequence length is never 0 (a zero length masks every key
@@ -109,14 +123,25 @@ pub enum StepOutput {
     /// `[B, 1]` i32: the same tokens shaped as the next decode step's `tokenIds`, so that a
     /// runtime can feed one step's output to the next on the device.
     NextTokenIds,
+    /// `[B, 1]` i32: the `positions` of the decode step that follows this one (same batch and
+    /// context bucket). With the next two outputs, a runtime can run a chain of decode steps
+    /// with no step input uploaded after the first; [`next_decode_row`] is the rule.
+    NextPositions,
+    /// `[B]` i32: that decode step's `seqLens`.
+    NextSeqLens,
+    /// `[B]` i32: that decode step's `slotMapping`.
+    NextSlotMapping,
 }
 
 impl StepOutput {
     /// Every step output, in output order.
-    pub const ALL: [StepOutput; 3] = [
+    pub const ALL: [StepOutput; 6] = [
         StepOutput::Logits,
         StepOutput::NextTokens,
         StepOutput::NextTokenIds,
+        StepOutput::NextPositions,
+        StepOutput::NextSeqLens,
+        StepOutput::NextSlotMapping,
     ];
 
     /// Its output index (its place in [`StepOutput::ALL`]).
@@ -130,6 +155,9 @@ impl StepOutput {
             StepOutput::Logits => "logits",
             StepOutput::NextTokens => "nextTokens",
             StepOutput::NextTokenIds => "nextTokenIds",
+            StepOutput::NextPositions => "nextPositions",
+            StepOutput::NextSeqLens => "nextSeqLens",
+            StepOutput::NextSlotMapping => "nextSlotMapping",
         }
     }
 
@@ -139,6 +167,9 @@ impl StepOutput {
             StepOutput::Logits => OperandRole::Logits,
             StepOutput::NextTokens => OperandRole::NextTokens,
             StepOutput::NextTokenIds => OperandRole::NextTokenIds,
+            StepOutput::NextPositions => OperandRole::NextPositions,
+            StepOutput::NextSeqLens => OperandRole::NextSeqLens,
+            StepOutput::NextSlotMapping => OperandRole::NextSlotMapping,
         }
     }
 
@@ -151,7 +182,7 @@ impl StepOutput {
     pub const fn dtype(self) -> Dtype {
         match self {
             StepOutput::Logits => Dtype::F32,
-            StepOutput::NextTokens | StepOutput::NextTokenIds => Dtype::I32,
+            _ => Dtype::I32,
         }
     }
 
@@ -159,10 +190,48 @@ impl StepOutput {
     pub fn dims(self, point: LadderPoint, vocab_size: usize) -> Vec<usize> {
         match self {
             StepOutput::Logits => vec![point.batch, vocab_size],
-            StepOutput::NextTokens => vec![point.batch],
-            StepOutput::NextTokenIds => vec![point.batch, 1],
+            StepOutput::NextTokens | StepOutput::NextSeqLens | StepOutput::NextSlotMapping => {
+                vec![point.batch]
+            }
+            StepOutput::NextTokenIds | StepOutput::NextPositions => vec![point.batch, 1],
         }
     }
+}
+
+/// One row of the decode step that follows a step, as its `nextPositions`, `nextSeqLens` and
+/// `nextSlotMapping` outputs give it: `(position, seqLen, slot)`, from the row's first slot,
+/// its `seqLens` and its block table in this step.
+///
+/// A row is live when its first token's slot is not -1. A live row's next token sits at
+/// position `seq_len` (its context after this step), the next step's length is one more, and
+/// its slot is the page of `block_table` holding that position plus the offset in the page, or
+/// -1 once the position is past the context bucket (`block_table.len() * block_size`). A dead
+/// row stays dead: the padding values. So a chain fed this way keeps a row live past the end
+/// of its sequence; it writes only at positions past its last token, into its own last page or
+/// (past its pages, whose block table entries are padding) the scratch page, and a later step
+/// writes each position before any step reads it.
+pub fn next_decode_row(
+    first_slot: i32,
+    seq_len: i32,
+    block_table: &[i32],
+    block_size: usize,
+) -> (i32, i32, i32) {
+    if first_slot < 0 {
+        return (
+            StepInput::Positions.padding(),
+            StepInput::SeqLens.padding(),
+            StepInput::SlotMapping.padding(),
+        );
+    }
+    let block_size = block_size.max(1);
+    let position = seq_len;
+    let slot = usize::try_from(position)
+        .ok()
+        .and_then(|p| Some((block_table.get(p / block_size)?, p % block_size)))
+        .map_or(StepInput::SlotMapping.padding(), |(&page, offset)| {
+            page * block_size as i32 + offset as i32
+        });
+    (position, seq_len + 1, slot)
 }
 
 /// The names of layer `layer`'s K and V pool operands.

@@ -5,8 +5,9 @@
 //! (`mhlo.num_partitions = N`) over the global shapes the program files state, and every device
 //! runs the same program on its own piece of each operand:
 //! - step inputs (`tokenIds`, `positions`, `blockTables`, `seqLens`, `slotMapping`) are
-//!   replicated: every device gets the same bytes, and the `logits`, `nextTokens` and
-//!   `nextTokenIds` outputs are replicated (every device returns the same values);
+//!   replicated: every device gets the same bytes, and the step outputs (`logits`,
+//!   `nextTokens`, `nextTokenIds` and the next decode step's inputs) are replicated (every
+//!   device returns the same values);
 //! - every K/V pool and scale pool is split over its KV-head dimension (dim 2): device `k`
 //!   holds heads `[k * kv / N, (k + 1) * kv / N)`, and each updated pool output comes back split
 //!   the same way, in the buffer of its donated input;

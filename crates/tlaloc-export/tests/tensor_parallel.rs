@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use support::{dims_i64, element_type};
 use tlaloc_artifact::tensor_parallel::{POOL_SPLIT_AXIS, shard_dims};
-use tlaloc_artifact::{Artifact, LadderOptions, LadderPoint, PoolOperand, StepInput};
+use tlaloc_artifact::{Artifact, LadderOptions, LadderPoint, PoolOperand, StepInput, StepOutput};
 use tlaloc_export::{ExportError, ExportOptions, export};
 use tlaloc_pjrt::{Buffer, Client, CompileOptions, Device, ExecuteArg, LoadedExecutable};
 
@@ -263,7 +263,7 @@ impl Devices {
         let mut results = Vec::new();
         for (k, mut outputs) in outputs.into_iter().enumerate() {
             assert_eq!(outputs[0].device().unwrap().id(), self.devices[k].id());
-            self.pools.push(outputs.split_off(3));
+            self.pools.push(outputs.split_off(StepOutput::ALL.len()));
             let next: Vec<i32> = outputs[1].to_host_vec().unwrap();
             let next_ids: Vec<i32> = outputs[2].to_host_vec().unwrap();
             assert_eq!(next, next_ids, "nextTokenIds holds nextTokens");
@@ -608,11 +608,15 @@ fn a_split_export_stores_shards_and_annotates_its_programs() {
         "{mhlo.sharding = \"{devices=[2,1]0,1}\"} loc(\"embed_tokens\")",
         // An o projection, over its input features.
         "{mhlo.sharding = \"{devices=[1,2]0,1}\"} loc(\"layers.0.o_proj\")",
-        // A pool, over its KV heads, donated.
-        "{mhlo.sharding = \"{devices=[1,1,2,1]0,1}\", tf.aliasing_output = 3 : i32} loc(\"kPool.0\")",
     ] {
         assert!(decode.contains(annotation), "{annotation} missing");
     }
+    // A pool, over its KV heads, donated to its output after the step outputs.
+    let first_pool = format!(
+        "{{mhlo.sharding = \"{{devices=[1,1,2,1]0,1}}\", tf.aliasing_output = {} : i32}} loc(\"kPool.0\")",
+        StepOutput::ALL.len()
+    );
+    assert!(decode.contains(&first_pool), "{first_pool} missing");
     for body in [text(&one, "decode"), text(&one, "prefill")] {
         assert!(!body.contains("mhlo."), "a one-device body is annotated");
     }

@@ -245,6 +245,12 @@ pub trait ModelExecutor {
     /// which a device executor passes from one step to the next without the host, so the
     /// device never waits for the host between the steps of a chain.
     ///
+    /// A device executor may also take each later step's other inputs from the step before it
+    /// (the contract's `tlaloc_artifact::next_decode_row`) instead of `steps`. That agrees with
+    /// `steps` ([`chain_steps`](crate::layout::chain_steps)) on every row that still has budget;
+    /// a row whose budget has ended keeps decoding there instead of writing nothing, and its
+    /// tokens are dropped either way.
+    ///
     /// This default feeds the tokens through the host, one [`step`](Self::step) at a time.
     fn decode_chain(
         &mut self,

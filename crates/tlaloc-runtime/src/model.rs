@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tlaloc_artifact::{
     AddedExecutables, Artifact, ArtifactError, CompilerIdentity, Dtype, Entry, ExecutableEntry,
-    OperandRole, PoolOperand, StepInput,
+    OperandRole, PoolOperand, StepInput, StepOutput as ProgramOutput,
 };
 use tlaloc_pjrt::discovery::{self, PluginRequest};
 use tlaloc_pjrt::{
@@ -164,8 +164,9 @@ struct ArgPlan {
     inputs: Vec<Source>,
     logits: usize,
     next_tokens: usize,
-    /// The `[B, 1]` copy of `next_tokens` that a chained decode step takes as its token ids.
-    next_token_ids: usize,
+    /// Output index of each step output, in [`ProgramOutput::ALL`] order: what a chained decode
+    /// step takes from the step before it ([`StepInput::carried_by`]).
+    step_outputs: [usize; ProgramOutput::ALL.len()],
     /// Output index of each pool, in [`PoolOperand::all`] order.
     pool_outputs: Vec<usize>,
 }
@@ -1401,15 +1402,13 @@ fn arg_plan(
             }
         });
     }
-    let mut logits = None;
-    let mut next_tokens = None;
-    let mut next_token_ids = None;
+    let mut step_outputs = [None; ProgramOutput::ALL.len()];
     let mut pool_outputs = vec![usize::MAX; pools.len()];
     for (i, spec) in signature.outputs.iter().enumerate() {
         match &spec.role {
-            OperandRole::Logits => logits = Some(i),
-            OperandRole::NextTokens => next_tokens = Some(i),
-            OperandRole::NextTokenIds => next_token_ids = Some(i),
+            role if ProgramOutput::from_role(role).is_some() => {
+                step_outputs[ProgramOutput::from_role(role).expect("matched").index()] = Some(i);
+            }
             role if pool_index(role).is_some() => {
                 pool_outputs[pool_index(role).expect("matched")] = i;
             }
@@ -1440,12 +1439,16 @@ fn arg_plan(
             )));
         }
     }
+    let mut found = [0; ProgramOutput::ALL.len()];
+    for (output, index) in ProgramOutput::ALL.into_iter().zip(step_outputs) {
+        found[output.index()] =
+            index.ok_or_else(|| unsupported(format!("no {} output", output.name())))?;
+    }
     Ok(ArgPlan {
         inputs,
-        logits: logits.ok_or_else(|| unsupported("no logits output".into()))?,
-        next_tokens: next_tokens.ok_or_else(|| unsupported("no nextTokens output".into()))?,
-        next_token_ids: next_token_ids
-            .ok_or_else(|| unsupported("no nextTokenIds output".into()))?,
+        logits: found[ProgramOutput::Logits.index()],
+        next_tokens: found[ProgramOutput::NextTokens.index()],
+        step_outputs: found,
         pool_outputs,
     })
 }
@@ -1468,7 +1471,7 @@ impl ModelExecutor for Model {
         key: &LadderPoint,
         inputs: &StepInputs,
     ) -> Result<StepOutput, ExecutorError> {
-        let launched = self.launch(key, inputs, None)?;
+        let launched = self.launch(key, inputs, &[None; StepInput::ALL.len()])?;
         self.read(key, launched, inputs.want_logits)
     }
 
@@ -1493,22 +1496,30 @@ impl ModelExecutor for Model {
             // No chains across several devices: each step reads its tokens back.
             return steps.iter().map(|inputs| self.step(key, inputs)).collect();
         }
-        // Every step is launched before any result is read: the device runs them back to back,
-        // each taking the previous step's `nextTokenIds` buffer as its token ids.
+        // Every step is launched before any result is read: the device runs them back to back.
+        // After the first, no step input crosses from the host: each step takes its token ids,
+        // positions, lengths and slots from the step before it (the contract's next-step
+        // outputs) and the first step's block tables, so a chain's launches only queue work.
         let mut launched: Vec<Launched> = Vec::with_capacity(steps.len());
         for inputs in steps {
-            let fed = match launched.last() {
-                None => None,
-                Some(previous) => {
-                    let index = self.entries[key].plan.next_token_ids;
-                    let buffer = previous.outputs.get(index).and_then(Option::as_ref);
-                    Some(buffer.ok_or_else(|| ExecutorError::Device {
+            let mut fed: [Option<&Buffer>; StepInput::ALL.len()] = [None; StepInput::ALL.len()];
+            if let (Some(first), Some(previous)) = (launched.first(), launched.last()) {
+                let plan = &self.entries[key].plan;
+                for input in StepInput::ALL {
+                    let buffer = match input.carried_by() {
+                        Some(output) => {
+                            let index = plan.step_outputs[output.index()];
+                            previous.outputs.get(index).and_then(Option::as_ref)
+                        }
+                        None => first.inputs[0][input.index()].as_ref(),
+                    };
+                    fed[input.index()] = Some(buffer.ok_or_else(|| ExecutorError::Device {
                         entry: *key,
-                        message: format!("the program returned no output {index} (nextTokenIds)"),
-                    })?)
+                        message: format!("no buffer to feed {} from", input.name()),
+                    })?);
                 }
-            };
-            let step = self.launch(key, inputs, fed)?;
+            }
+            let step = self.launch(key, inputs, &fed)?;
             launched.push(step);
         }
         launched
@@ -1520,21 +1531,22 @@ impl ModelExecutor for Model {
 }
 
 /// A launched step: the first device's outputs (the pools already taken back by the model),
-/// every device's input buffers that must outlive the launch, and the host time spent so far.
+/// every device's uploaded step inputs (`[device][StepInput::index]`, `None` where fed from
+/// the device), which must outlive the launch, and the host time spent so far.
 struct Launched {
     outputs: Vec<Option<Buffer>>,
-    _inputs: Vec<Vec<Option<Buffer>>>,
+    inputs: Vec<Vec<Option<Buffer>>>,
     timings: StepTimings,
 }
 
 impl Model {
-    /// Uploads the step inputs (the token ids from `fed` when given, a `[B, 1]` device buffer)
-    /// and launches `key` without waiting for the device.
+    /// Uploads the step inputs (except those `fed` gives as device buffers, by
+    /// [`StepInput::index`]) and launches `key` without waiting for the device.
     fn launch(
         &mut self,
         key: &LadderPoint,
         inputs: &StepInputs,
-        fed: Option<&Buffer>,
+        fed: &[Option<&Buffer>; StepInput::ALL.len()],
     ) -> Result<Launched, ExecutorError> {
         if !self.entries.contains_key(key) {
             return Err(ExecutorError::UnknownEntry(*key));
@@ -1552,16 +1564,17 @@ impl Model {
             tracing::info!(entry = %key, ms = started.elapsed().as_millis() as u64, ?origin, "ready on first use");
             self.entries.get_mut(key).expect("checked").executable = Some(executable);
         }
-        if fed.is_some() && key.tokens != 1 {
+        let any_fed = fed.iter().any(Option::is_some);
+        if any_fed && key.tokens != 1 {
             return Err(ExecutorError::BadInputs {
                 entry: *key,
-                what: "device-fed token ids on an entry of more than one token per row".into(),
+                what: "device-fed step inputs on an entry of more than one token per row".into(),
             });
         }
-        if fed.is_some() && self.devices.len() > 1 {
+        if any_fed && self.devices.len() > 1 {
             return Err(ExecutorError::BadInputs {
                 entry: *key,
-                what: "device-fed token ids on a tensor-parallel model".into(),
+                what: "device-fed step inputs on a tensor-parallel model".into(),
             });
         }
         let mut timings = StepTimings::default();
@@ -1587,13 +1600,13 @@ impl Model {
             }
             step_arrays.push((input, data, dims));
         }
-        // `[device][StepInput::index]`; `None` for device-fed token ids. Every device gets the
+        // `[device][StepInput::index]`; `None` for device-fed inputs. Every device gets the
         // same step inputs.
         let mut step_buffers: Vec<Vec<Option<Buffer>>> = Vec::with_capacity(self.devices.len());
         for device in &self.devices {
             let mut on_device = Vec::with_capacity(step_arrays.len());
             for (input, data, dims) in &step_arrays {
-                if *input == StepInput::TokenIds && fed.is_some() {
+                if fed[input.index()].is_some() {
                     on_device.push(None);
                     continue;
                 }
@@ -1615,8 +1628,8 @@ impl Model {
             .iter_mut()
             .map(|pools| pools.iter_mut().map(Option::take).collect())
             .collect();
-        // Each device's arguments: its step inputs in role order (the token ids from the
-        // device when fed), its weights by reference, its pools donated.
+        // Each device's arguments: its step inputs in role order (the fed ones from the
+        // device), its weights by reference, its pools donated.
         let args: Vec<Vec<ExecuteArg<'_>>> = step_buffers
             .iter()
             .zip(&self.weights)
@@ -1628,8 +1641,8 @@ impl Model {
                         Source::Step(i) => ExecuteArg::Borrowed(
                             step_buffers[i.index()]
                                 .as_ref()
-                                .or(fed)
-                                .expect("only the token ids are left out, and only when fed"),
+                                .or(fed[i.index()])
+                                .expect("an input is left out only when fed"),
                         ),
                         Source::Weight(i) => ExecuteArg::Borrowed(&weights[i]),
                         Source::Pool(i) => {
@@ -1661,7 +1674,7 @@ impl Model {
         }
         Ok(Launched {
             outputs: first_outputs,
-            _inputs: step_buffers,
+            inputs: step_buffers,
             timings,
         })
     }

@@ -64,7 +64,7 @@ fn manifest_json_uses_the_documented_camel_case_shape() {
     let (_tmp, dir, written) = fixture::written();
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(MANIFEST_FILE)).expect("read")).unwrap();
-    assert_eq!(m["formatVersion"], 2);
+    assert_eq!(m["formatVersion"], 3);
     assert_eq!(m["model"]["numKvHeads"], 1);
     assert_eq!(m["model"]["ropeScaling"]["type"], "llama3");
     assert_eq!(
@@ -91,8 +91,13 @@ fn manifest_json_uses_the_documented_camel_case_shape() {
     assert_eq!(p["inputs"][5]["role"]["slot"], "embed_tokens");
     assert_eq!(p["outputs"][2]["role"]["kind"], "nextTokenIds");
     assert_eq!(p["outputs"][2]["dims"], serde_json::json!([entry.batch, 1]));
-    assert_eq!(p["outputs"][3]["role"]["kind"], "kPool");
-    assert_eq!(p["outputs"][3]["role"]["layer"], 0);
+    assert_eq!(p["outputs"][3]["role"]["kind"], "nextPositions");
+    assert_eq!(p["outputs"][3]["dims"], serde_json::json!([entry.batch, 1]));
+    assert_eq!(p["outputs"][4]["role"]["kind"], "nextSeqLens");
+    assert_eq!(p["outputs"][5]["role"]["kind"], "nextSlotMapping");
+    assert_eq!(p["outputs"][5]["dims"], serde_json::json!([entry.batch]));
+    assert_eq!(p["outputs"][6]["role"]["kind"], "kPool");
+    assert_eq!(p["outputs"][6]["role"]["layer"], 0);
 }
 
 #[test]
@@ -126,6 +131,19 @@ fn expected_signature_follows_the_contract_order() {
     assert_eq!(
         (sig.outputs[2].dtype, &sig.outputs[2].dims),
         (Dtype::I32, &vec![b, 1])
+    );
+    // The next decode step's inputs, decode-shaped whatever this entry's tokens per row.
+    let next: Vec<(&str, &Vec<usize>)> = sig.outputs[3..6]
+        .iter()
+        .map(|s| (s.name.as_str(), &s.dims))
+        .collect();
+    assert_eq!(
+        next,
+        [
+            ("nextPositions", &vec![b, 1]),
+            ("nextSeqLens", &vec![b]),
+            ("nextSlotMapping", &vec![b])
+        ]
     );
     assert_eq!(sig.donations.len(), 2 * manifest.model.num_layers);
     for d in &sig.donations {

@@ -1460,8 +1460,17 @@ fn build(
     }
     let (_, next_tokens) = g.f.argmax(logits, 1, ScalarType::I32)?;
     let next_token_ids = g.f.reshape(next_tokens, [b, 1])?;
+    let [next_positions, next_seq_lens, next_slots] =
+        next_decode_inputs(g, &inputs, point, kv.block_size)?;
 
-    let mut results = vec![logits, next_tokens, next_token_ids];
+    let mut results = vec![
+        logits,
+        next_tokens,
+        next_token_ids,
+        next_positions,
+        next_seq_lens,
+        next_slots,
+    ];
     for (i, &arg) in pool_args.iter().enumerate() {
         g.f.donate(arg, results.len() + i)?;
         if tp > 1 {
@@ -1476,6 +1485,58 @@ fn build(
     results.extend(new_pools);
     let f = std::mem::replace(&mut g.f, FunctionBuilder::new("tlaloc_forward"));
     f.finish(&results)
+}
+
+/// The `positions [B, 1]`, `seqLens [B]` and `slotMapping [B]` of the decode step after this
+/// one, by the step contract's rule (`tlaloc_artifact::next_decode_row`): a live row (first
+/// slot not -1) moves to position `seqLens`, one longer, with the slot its block table gives
+/// that position (-1 past the context bucket); a dead row keeps the padding values. The page
+/// is picked by comparing columns rather than gathered, so no index can fall out of bounds.
+fn next_decode_inputs(
+    g: &mut Graph,
+    inputs: &Inputs,
+    point: LadderPoint,
+    block_size: usize,
+) -> Result<[Value; 3], HloError> {
+    let (b, t) = (point.batch, point.tokens);
+    let cols = point.context / block_size;
+    let splat =
+        |g: &mut Graph, value: i32, dims: &[usize]| g.f.splat(Scalar::I32(value), dims.to_vec());
+
+    let slots = g.f.reshape(inputs.slot_mapping, [b, t])?;
+    let first_slot = g.f.slice(slots, [0, 0], [b, 1], [1, 1])?;
+    let first_slot = g.f.reshape(first_slot, [b])?;
+    let zero = splat(g, 0, &[b])?;
+    let live = g.f.compare(first_slot, CompareDirection::Ge, zero)?;
+
+    let position = inputs.seq_lens;
+    let block = splat(g, block_size as i32, &[b])?;
+    let column = g.f.div(position, block)?;
+    let column_start = g.f.mul(column, block)?;
+    let offset = g.f.sub(position, column_start)?;
+    let column_b = g.f.broadcast_in_dim(column, [b, cols], [0])?;
+    let columns =
+        g.f.iota(TensorType::new(ScalarType::I32, vec![b, cols]), 1)?;
+    let in_column = g.f.compare(columns, CompareDirection::Eq, column_b)?;
+    let no_page = splat(g, 0, &[b, cols])?;
+    let page = g.f.select(in_column, inputs.block_tables, no_page)?;
+    let page = g.f.reduce_sum(page, [1])?;
+    let page_start = g.f.mul(page, block)?;
+    let slot = g.f.add(page_start, offset)?;
+    let end = splat(g, (cols * block_size) as i32, &[b])?;
+    let inside = g.f.compare(position, CompareDirection::Lt, end)?;
+    let writes = g.f.and(live, inside)?;
+    let dead_slot = splat(g, StepInput::SlotMapping.padding(), &[b])?;
+    let next_slot = g.f.select(writes, slot, dead_slot)?;
+
+    let dead_position = splat(g, StepInput::Positions.padding(), &[b])?;
+    let next_position = g.f.select(live, position, dead_position)?;
+    let next_position = g.f.reshape(next_position, [b, 1])?;
+    let one = splat(g, 1, &[b])?;
+    let longer = g.f.add(position, one)?;
+    let dead_len = splat(g, StepInput::SeqLens.padding(), &[b])?;
+    let next_len = g.f.select(live, longer, dead_len)?;
+    Ok([next_position, next_len, next_slot])
 }
 
 /// The SPMD layout of every operand of a program split over `plan.tensor_parallel` devices:

@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tlaloc_artifact::{Artifact, Dtype, LadderError, LadderPoint, PoolOperand, StepInput};
+use tlaloc_artifact::{
+    Artifact, Dtype, LadderError, LadderPoint, PoolOperand, StepInput, StepOutput as ProgramOutput,
+    next_decode_row,
+};
 use tlaloc_pjrt::{
     Buffer, Client, CompileOptions, Device, ElementType, ExecuteArg, LoadedExecutable,
 };
@@ -296,15 +299,42 @@ impl Runner {
         let mut outputs = exe
             .execute(args)
             .unwrap_or_else(|e| panic!("running {}: {e}", point.name()));
-        let pools = outputs.split_off(3);
+        let pools = outputs.split_off(ProgramOutput::ALL.len());
         self.pools = pools;
-        let logits: Vec<f32> = outputs[0].to_host_vec().unwrap();
-        let next_tokens: Vec<i32> = outputs[1].to_host_vec().unwrap();
-        let next_token_ids: Vec<i32> = outputs[2].to_host_vec().unwrap();
+        let output = |o: ProgramOutput| outputs[o.index()].to_host_vec::<i32>().unwrap();
+        let logits: Vec<f32> = outputs[ProgramOutput::Logits.index()]
+            .to_host_vec()
+            .unwrap();
+        let next_tokens = output(ProgramOutput::NextTokens);
         assert_eq!(
-            next_token_ids,
+            output(ProgramOutput::NextTokenIds),
             next_tokens,
             "{}: nextTokenIds [B, 1] must hold the nextTokens values",
+            point.name()
+        );
+        // The next decode step's inputs by the contract's scalar rule, row by row from this
+        // step's inputs, against the graph's.
+        let mut expected = [Vec::new(), Vec::new(), Vec::new()];
+        for r in 0..b {
+            let (position, seq_len, slot) = next_decode_row(
+                slot_mapping[r * t],
+                seq_lens[r],
+                &block_tables[r * pages..(r + 1) * pages],
+                bs,
+            );
+            expected[0].push(position);
+            expected[1].push(seq_len);
+            expected[2].push(slot);
+        }
+        let found = [
+            output(ProgramOutput::NextPositions),
+            output(ProgramOutput::NextSeqLens),
+            output(ProgramOutput::NextSlotMapping),
+        ];
+        assert_eq!(
+            found,
+            expected,
+            "{}: the next decode step's positions, seqLens and slotMapping",
             point.name()
         );
         StepOutput {

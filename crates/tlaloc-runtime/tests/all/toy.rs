@@ -66,7 +66,7 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
     };
     let mut s = String::new();
     s += &format!(
-        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>, %arg1: tensor<{b}x{t}xi32>, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>, %arg4: tensor<{bt}xi32>, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 3 : i32}}, %arg7: {pool} {{tf.aliasing_output = 4 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, {pool}, {pool}) {{\n"
+        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>, %arg1: tensor<{b}x{t}xi32>, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>, %arg4: tensor<{bt}xi32>, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 6 : i32}}, %arg7: {pool} {{tf.aliasing_output = 7 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, tensor<{b}x1xi32>, tensor<{b}xi32>, tensor<{b}xi32>, {pool}, {pool}) {{\n"
     );
     s += &format!(
         r#"    %tokf = "stablehlo.convert"(%arg0) : (tensor<{b}x{t}xi32>) -> tensor<{b}x{t}xf32>
@@ -112,14 +112,65 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
     %sb = "stablehlo.broadcast_in_dim"(%arg5) {{broadcast_dimensions = array<i64: 1>}} : (tensor<{v}xf32>) -> tensor<{b}x{v}xf32>
     %m = "stablehlo.multiply"(%ad, %sb) : (tensor<{b}x{v}xf32>, tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
     %logits = "stablehlo.negate"(%m) : (tensor<{b}x{v}xf32>) -> tensor<{b}x{v}xf32>
-    "func.return"(%logits, %next, %nextids, %knew, %vnew) : (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, {pool}, {pool}) -> ()
-  }}
-}}
 "#,
         zero = f32_hex(0.0),
         vocab = f32_hex(VOCAB as f32),
     );
+    s += &next_step_inputs(b, t, c);
+    s += &format!(
+        r#"    "func.return"(%logits, %next, %nextids, %ns_pos, %ns_len, %ns_slot, %knew, %vnew) : (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, tensor<{b}x1xi32>, tensor<{b}xi32>, tensor<{b}xi32>, {pool}, {pool}) -> ()
+  }}
+}}
+"#
+    );
     s
+}
+
+/// The contract's next decode step inputs (`tlaloc_artifact::next_decode_row`) from the step
+/// inputs `%arg2` (block tables), `%arg3` (lengths) and `%arg4` (slots): `%ns_pos`, `%ns_len`
+/// and `%ns_slot`.
+fn next_step_inputs(b: usize, t: usize, c: usize) -> String {
+    let bs = BLOCK_SIZE;
+    let cols = c / bs;
+    let bt = b * t;
+    let v = format!("tensor<{b}xi32>");
+    let m = format!("tensor<{b}x{cols}xi32>");
+    let signed = "compare_type = #stablehlo<comparison_type SIGNED>";
+    format!(
+        r#"    %ns_sm = "stablehlo.reshape"(%arg4) : (tensor<{bt}xi32>) -> tensor<{b}x{t}xi32>
+    %ns_fs2 = "stablehlo.slice"(%ns_sm) {{start_indices = array<i64: 0, 0>, limit_indices = array<i64: {b}, 1>, strides = array<i64: 1, 1>}} : (tensor<{b}x{t}xi32>) -> tensor<{b}x1xi32>
+    %ns_fs = "stablehlo.reshape"(%ns_fs2) : (tensor<{b}x1xi32>) -> {v}
+    %ns_zero = "stablehlo.constant"() {{value = dense<0> : {v}}} : () -> {v}
+    %ns_live = "stablehlo.compare"(%ns_fs, %ns_zero) {{{signed}, comparison_direction = #stablehlo<comparison_direction GE>}} : ({v}, {v}) -> tensor<{b}xi1>
+    %ns_bs = "stablehlo.constant"() {{value = dense<{bs}> : {v}}} : () -> {v}
+    %ns_col = "stablehlo.divide"(%arg3, %ns_bs) : ({v}, {v}) -> {v}
+    %ns_cs = "stablehlo.multiply"(%ns_col, %ns_bs) : ({v}, {v}) -> {v}
+    %ns_off = "stablehlo.subtract"(%arg3, %ns_cs) : ({v}, {v}) -> {v}
+    %ns_colb = "stablehlo.broadcast_in_dim"(%ns_col) {{broadcast_dimensions = array<i64: 0>}} : ({v}) -> {m}
+    %ns_ci = "stablehlo.iota"() {{iota_dimension = 1 : i64}} : () -> {m}
+    %ns_in = "stablehlo.compare"(%ns_ci, %ns_colb) {{{signed}, comparison_direction = #stablehlo<comparison_direction EQ>}} : ({m}, {m}) -> tensor<{b}x{cols}xi1>
+    %ns_zm = "stablehlo.constant"() {{value = dense<0> : {m}}} : () -> {m}
+    %ns_pg = "stablehlo.select"(%ns_in, %arg2, %ns_zm) : (tensor<{b}x{cols}xi1>, {m}, {m}) -> {m}
+    %ns_z0 = "stablehlo.constant"() {{value = dense<0> : tensor<i32>}} : () -> tensor<i32>
+    %ns_page = "stablehlo.reduce"(%ns_pg, %ns_z0) ({{
+    ^bb0(%ns_ra: tensor<i32>, %ns_rb: tensor<i32>):
+      %ns_rs = "stablehlo.add"(%ns_ra, %ns_rb) : (tensor<i32>, tensor<i32>) -> tensor<i32>
+      "stablehlo.return"(%ns_rs) : (tensor<i32>) -> ()
+    }}) {{dimensions = array<i64: 1>}} : ({m}, tensor<i32>) -> {v}
+    %ns_ps = "stablehlo.multiply"(%ns_page, %ns_bs) : ({v}, {v}) -> {v}
+    %ns_s = "stablehlo.add"(%ns_ps, %ns_off) : ({v}, {v}) -> {v}
+    %ns_end = "stablehlo.constant"() {{value = dense<{c}> : {v}}} : () -> {v}
+    %ns_inside = "stablehlo.compare"(%arg3, %ns_end) {{{signed}, comparison_direction = #stablehlo<comparison_direction LT>}} : ({v}, {v}) -> tensor<{b}xi1>
+    %ns_wr = "stablehlo.and"(%ns_live, %ns_inside) : (tensor<{b}xi1>, tensor<{b}xi1>) -> tensor<{b}xi1>
+    %ns_m1 = "stablehlo.constant"() {{value = dense<-1> : {v}}} : () -> {v}
+    %ns_slot = "stablehlo.select"(%ns_wr, %ns_s, %ns_m1) : (tensor<{b}xi1>, {v}, {v}) -> {v}
+    %ns_p1 = "stablehlo.select"(%ns_live, %arg3, %ns_zero) : (tensor<{b}xi1>, {v}, {v}) -> {v}
+    %ns_pos = "stablehlo.reshape"(%ns_p1) : ({v}) -> tensor<{b}x1xi32>
+    %ns_one = "stablehlo.constant"() {{value = dense<1> : {v}}} : () -> {v}
+    %ns_l1 = "stablehlo.add"(%arg3, %ns_one) : ({v}, {v}) -> {v}
+    %ns_len = "stablehlo.select"(%ns_live, %ns_l1, %ns_one) : (tensor<{b}xi1>, {v}, {v}) -> {v}
+"#
+    )
 }
 
 fn model_config() -> ManifestModel {
