@@ -182,7 +182,11 @@ impl StepOutput {
     pub const fn dtype(self) -> Dtype {
         match self {
             StepOutput::Logits => Dtype::F32,
-            _ => Dtype::I32,
+            StepOutput::NextTokens
+            | StepOutput::NextTokenIds
+            | StepOutput::NextPositions
+            | StepOutput::NextSeqLens
+            | StepOutput::NextSlotMapping => Dtype::I32,
         }
     }
 

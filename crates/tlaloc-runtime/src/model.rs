@@ -162,10 +162,9 @@ enum Source {
 #[derive(Debug, Clone)]
 struct ArgPlan {
     inputs: Vec<Source>,
-    logits: usize,
-    next_tokens: usize,
-    /// Output index of each step output, in [`ProgramOutput::ALL`] order: what a chained decode
-    /// step takes from the step before it ([`StepInput::carried_by`]).
+    /// Output index of each step output, in [`ProgramOutput::ALL`] order: the tokens and logits
+    /// read back, and what a chained decode step takes from the step before it
+    /// ([`StepInput::carried_by`]).
     step_outputs: [usize; ProgramOutput::ALL.len()],
     /// Output index of each pool, in [`PoolOperand::all`] order.
     pool_outputs: Vec<usize>,
@@ -1446,8 +1445,6 @@ fn arg_plan(
     }
     Ok(ArgPlan {
         inputs,
-        logits: found[ProgramOutput::Logits.index()],
-        next_tokens: found[ProgramOutput::NextTokens.index()],
         step_outputs: found,
         pool_outputs,
     })
@@ -1702,12 +1699,13 @@ impl Model {
                     message: format!("the program returned no output {index}"),
                 })
         };
-        let next_tokens = read(plan.next_tokens)?
+        let output = |o: ProgramOutput| read(plan.step_outputs[o.index()]);
+        let next_tokens = output(ProgramOutput::NextTokens)?
             .to_host_vec::<i32>()
             .map_err(|e| Self::device_error(key, "reading nextTokens", e))?;
         let logits = if want_logits {
             Some(
-                read(plan.logits)?
+                output(ProgramOutput::Logits)?
                     .to_host_vec::<f32>()
                     .map_err(|e| Self::device_error(key, "reading logits", e))?,
             )
