@@ -19,8 +19,9 @@ use crate::tensor_parallel::{self, TensorParallel, WeightShard, WeightSplit};
 
 /// The manifest format this crate reads and writes.
 /// Version 2 added the `nextTokenIds` output; version 3 the `nextPositions`, `nextSeqLens` and
-/// `nextSlotMapping` outputs.
-pub const FORMAT_VERSION: u32 = 3;
+/// `nextSlotMapping` outputs; version 4 donates a decode entry's carried step inputs to the
+/// outputs that carry them ([`StepInput::donated_to`]).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// File name of the manifest inside an artifact directory.
 pub const MANIFEST_FILE: &str = "tlaloc-serving.json";

@@ -105,7 +105,9 @@ impl ProgramSignature {
     /// The exact contract signature of `entry` in an artifact described by `manifest`: the
     /// [`StepInput`]s, the weights in manifest order, the pools in [`PoolOperand::all`] order
     /// (`K0, V0, K1, ...`, with each layer's scales after its pools when quantized); then the
-    /// [`StepOutput`]s and the pools, each pool input donated to its output.
+    /// [`StepOutput`]s and the pools. Each pool input is donated to its output, and in a
+    /// decode entry each carried step input to the output that carries it
+    /// ([`StepInput::donated_to`]).
     pub fn expected_for(manifest: &Manifest, entry: &Entry) -> ProgramSignature {
         let point = entry.point();
         let kv = &manifest.kv_cache;
@@ -146,7 +148,15 @@ impl ProgramSignature {
             })
             .collect();
         let pools = PoolOperand::all(kv);
-        let mut donations = Vec::with_capacity(pools.len());
+        let mut donations: Vec<Donation> = StepInput::ALL
+            .into_iter()
+            .filter_map(|i| {
+                i.donated_to(point).map(|o| Donation {
+                    input: i.index(),
+                    output: o.index(),
+                })
+            })
+            .collect();
         for pool in pools {
             donations.push(Donation {
                 input: inputs.len(),

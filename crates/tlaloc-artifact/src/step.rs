@@ -99,6 +99,19 @@ impl StepInput {
         }
     }
 
+    /// The output this input is donated to (its buffer becomes that output's) in the entry
+    /// for `point`: in a decode entry (one token per row) every input a decode step carries to
+    /// the next ([`StepInput::carried_by`]), whose dims then match; in a prefill entry none.
+    /// So a chain that feeds each step from the one before keeps every step operand at one
+    /// device address: XLA re-records a program's command buffer whenever an operand moves.
+    pub const fn donated_to(self, point: LadderPoint) -> Option<StepOutput> {
+        if point.tokens == 1 {
+            self.carried_by()
+        } else {
+            None
+        }
+    }
+
     /// The value of a dead row's (or a padding token's) element.
     ///
     /// Block 0 is the scratch page; a sequence length is never 0 (a zero length masks every key

@@ -168,6 +168,9 @@ struct ArgPlan {
     step_outputs: [usize; ProgramOutput::ALL.len()],
     /// Output index of each pool, in [`PoolOperand::all`] order.
     pool_outputs: Vec<usize>,
+    /// Whether the program donates each step input ([`StepInput::index`]) to an output
+    /// ([`StepInput::donated_to`]): such an input is moved into the call.
+    donated_steps: [bool; StepInput::ALL.len()],
 }
 
 #[derive(Debug)]
@@ -1443,10 +1446,17 @@ fn arg_plan(
         found[output.index()] =
             index.ok_or_else(|| unsupported(format!("no {} output", output.name())))?;
     }
+    let mut donated_steps = [false; StepInput::ALL.len()];
+    for donation in &signature.donations {
+        if let Some(Source::Step(input)) = inputs.get(donation.input) {
+            donated_steps[input.index()] = true;
+        }
+    }
     Ok(ArgPlan {
         inputs,
         step_outputs: found,
         pool_outputs,
+        donated_steps,
     })
 }
 
@@ -1468,7 +1478,7 @@ impl ModelExecutor for Model {
         key: &LadderPoint,
         inputs: &StepInputs,
     ) -> Result<StepOutput, ExecutorError> {
-        let launched = self.launch(key, inputs, &[None; StepInput::ALL.len()])?;
+        let launched = self.launch(key, inputs, std::array::from_fn(|_| None))?;
         self.read(key, launched, inputs.want_logits)
     }
 
@@ -1496,19 +1506,27 @@ impl ModelExecutor for Model {
         // Every step is launched before any result is read: the device runs them back to back.
         // After the first, no step input crosses from the host: each step takes its token ids,
         // positions, lengths and slots from the step before it (the contract's next-step
-        // outputs) and the first step's block tables, so a chain's launches only queue work.
+        // outputs, moved into the call where the program donates them, so that every step's
+        // operands keep one address) and the first step's block tables.
         let mut launched: Vec<Launched> = Vec::with_capacity(steps.len());
         for inputs in steps {
-            let mut fed: [Option<&Buffer>; StepInput::ALL.len()] = [None; StepInput::ALL.len()];
-            if let (Some(first), Some(previous)) = (launched.first(), launched.last()) {
+            let mut carried: [Option<Buffer>; StepInput::ALL.len()] = std::array::from_fn(|_| None);
+            if let Some(previous) = launched.last_mut() {
                 let plan = &self.entries[key].plan;
                 for input in StepInput::ALL {
+                    if let Some(output) = input.carried_by() {
+                        let index = plan.step_outputs[output.index()];
+                        carried[input.index()] =
+                            previous.outputs.get_mut(index).and_then(Option::take);
+                    }
+                }
+            }
+            let mut fed: [Option<Fed<'_>>; StepInput::ALL.len()] = std::array::from_fn(|_| None);
+            if let Some(first) = launched.first() {
+                for input in StepInput::ALL {
                     let buffer = match input.carried_by() {
-                        Some(output) => {
-                            let index = plan.step_outputs[output.index()];
-                            previous.outputs.get(index).and_then(Option::as_ref)
-                        }
-                        None => first.inputs[0][input.index()].as_ref(),
+                        Some(_) => carried[input.index()].take().map(Fed::Owned),
+                        None => first.inputs[0][input.index()].as_ref().map(Fed::Borrowed),
                     };
                     fed[input.index()] = Some(buffer.ok_or_else(|| ExecutorError::Device {
                         entry: *key,
@@ -1516,7 +1534,15 @@ impl ModelExecutor for Model {
                     })?);
                 }
             }
-            let step = self.launch(key, inputs, &fed)?;
+            let mut step = self.launch(key, inputs, fed)?;
+            if !inputs.want_logits {
+                // Unread logits go now, not at the end of the chain, so their memory is free
+                // for the next step's.
+                let index = self.entries[key].plan.step_outputs[ProgramOutput::Logits.index()];
+                if let Some(logits) = step.outputs.get_mut(index) {
+                    *logits = None;
+                }
+            }
             launched.push(step);
         }
         launched
@@ -1527,9 +1553,18 @@ impl ModelExecutor for Model {
     }
 }
 
+/// A step input that comes from the device instead of the host: a buffer the call may take
+/// (an output of the step before, donated where the program donates that input) or one it
+/// only reads (the first step's block tables).
+enum Fed<'a> {
+    Owned(Buffer),
+    Borrowed(&'a Buffer),
+}
+
 /// A launched step: the first device's outputs (the pools already taken back by the model),
-/// every device's uploaded step inputs (`[device][StepInput::index]`, `None` where fed from
-/// the device), which must outlive the launch, and the host time spent so far.
+/// every device's step inputs that the call read without taking (`[device][StepInput::index]`,
+/// `None` where donated or borrowed), which must outlive the launch, and the host time spent
+/// so far.
 struct Launched {
     outputs: Vec<Option<Buffer>>,
     inputs: Vec<Vec<Option<Buffer>>>,
@@ -1543,7 +1578,7 @@ impl Model {
         &mut self,
         key: &LadderPoint,
         inputs: &StepInputs,
-        fed: &[Option<&Buffer>; StepInput::ALL.len()],
+        fed: [Option<Fed<'_>>; StepInput::ALL.len()],
     ) -> Result<Launched, ExecutorError> {
         if !self.entries.contains_key(key) {
             return Err(ExecutorError::UnknownEntry(*key));
@@ -1597,13 +1632,30 @@ impl Model {
             }
             step_arrays.push((input, data, dims));
         }
-        // `[device][StepInput::index]`; `None` for device-fed inputs. Every device gets the
-        // same step inputs.
+        // `[device][StepInput::index]`: the uploads and the owned fed buffers. Every device
+        // gets the same step inputs; fed ones exist only with one device (checked above).
+        let mut lent: [Option<&Buffer>; StepInput::ALL.len()] = [None; StepInput::ALL.len()];
+        let mut owned_fed: Vec<Option<Buffer>> = Vec::with_capacity(StepInput::ALL.len());
+        for (i, fed) in fed.into_iter().enumerate() {
+            owned_fed.push(match fed {
+                Some(Fed::Owned(buffer)) => Some(buffer),
+                Some(Fed::Borrowed(buffer)) => {
+                    lent[i] = Some(buffer);
+                    None
+                }
+                None => None,
+            });
+        }
         let mut step_buffers: Vec<Vec<Option<Buffer>>> = Vec::with_capacity(self.devices.len());
         for device in &self.devices {
             let mut on_device = Vec::with_capacity(step_arrays.len());
             for (input, data, dims) in &step_arrays {
-                if fed[input.index()].is_some() {
+                let i = input.index();
+                if owned_fed[i].is_some() {
+                    on_device.push(owned_fed[i].take());
+                    continue;
+                }
+                if lent[i].is_some() {
                     on_device.push(None);
                     continue;
                 }
@@ -1620,6 +1672,23 @@ impl Model {
         let state = &self.entries[key];
         let plan = &state.plan;
         let executable = state.executable.as_ref().expect("compiled above");
+        // The inputs the program donates move into the call; the rest are read in place.
+        let mut donated_steps: Vec<Vec<Option<Buffer>>> = step_buffers
+            .iter_mut()
+            .map(|on_device| {
+                on_device
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, buffer)| {
+                        if plan.donated_steps[i] {
+                            buffer.take()
+                        } else {
+                            None
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
         let mut donated: Vec<Vec<Option<Buffer>>> = self
             .pools
             .iter_mut()
@@ -1629,18 +1698,22 @@ impl Model {
         // device), its weights by reference, its pools donated.
         let args: Vec<Vec<ExecuteArg<'_>>> = step_buffers
             .iter()
+            .zip(&mut donated_steps)
             .zip(&self.weights)
             .zip(&mut donated)
-            .map(|((step_buffers, weights), donated)| {
+            .map(|(((step_buffers, donated_steps), weights), donated)| {
                 plan.inputs
                     .iter()
                     .map(|source| match *source {
-                        Source::Step(i) => ExecuteArg::Borrowed(
-                            step_buffers[i.index()]
-                                .as_ref()
-                                .or(fed[i.index()])
-                                .expect("an input is left out only when fed"),
-                        ),
+                        Source::Step(i) => match donated_steps[i.index()].take() {
+                            Some(buffer) => ExecuteArg::Donated(buffer),
+                            None => ExecuteArg::Borrowed(
+                                step_buffers[i.index()]
+                                    .as_ref()
+                                    .or(lent[i.index()])
+                                    .expect("an input is left out only when fed"),
+                            ),
+                        },
                         Source::Weight(i) => ExecuteArg::Borrowed(&weights[i]),
                         Source::Pool(i) => {
                             ExecuteArg::Donated(donated[i].take().expect("every pool present"))

@@ -85,12 +85,12 @@ fn unknown_format_version_is_refused_naming_both_versions() {
             err,
             ArtifactError::UnsupportedFormatVersion {
                 found: 99,
-                supported: 3
+                supported: 4
             }
         ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("formatVersion 3"), "{err}");
+    assert!(err.to_string().contains("formatVersion 4"), "{err}");
 }
 
 #[test]

@@ -64,7 +64,7 @@ fn manifest_json_uses_the_documented_camel_case_shape() {
     let (_tmp, dir, written) = fixture::written();
     let m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(MANIFEST_FILE)).expect("read")).unwrap();
-    assert_eq!(m["formatVersion"], 3);
+    assert_eq!(m["formatVersion"], tlaloc_artifact::FORMAT_VERSION);
     assert_eq!(m["model"]["numKvHeads"], 1);
     assert_eq!(m["model"]["ropeScaling"]["type"], "llama3");
     assert_eq!(
@@ -150,6 +150,43 @@ fn expected_signature_follows_the_contract_order() {
         assert_eq!(sig.inputs[d.input], sig.outputs[d.output]);
         assert_eq!(sig.inputs[d.input].dims, vec![9, 8, 1, 2]);
     }
+}
+
+#[test]
+fn decode_entries_donate_each_carried_step_input_to_the_output_that_carries_it() {
+    let (_tmp, _dir, written) = fixture::written();
+    let manifest = &written.manifest;
+    let decode = manifest
+        .entries
+        .iter()
+        .find(|e| e.kind == tlaloc_artifact::EntryKind::Decode)
+        .expect("decode entry");
+    let sig = ProgramSignature::expected_for(manifest, decode);
+    let step: Vec<(&str, &str)> = sig
+        .donations
+        .iter()
+        .filter(|d| d.input < 5)
+        .map(|d| {
+            let (input, output) = (&sig.inputs[d.input], &sig.outputs[d.output]);
+            // Aliased buffers must agree in everything but the name.
+            assert_eq!((input.dtype, &input.dims), (output.dtype, &output.dims));
+            (input.name.as_str(), output.name.as_str())
+        })
+        .collect();
+    assert_eq!(
+        step,
+        [
+            ("tokenIds", "nextTokenIds"),
+            ("positions", "nextPositions"),
+            ("seqLens", "nextSeqLens"),
+            ("slotMapping", "nextSlotMapping"),
+        ]
+    );
+    // The pools follow, as in every entry.
+    assert_eq!(
+        sig.donations.len(),
+        step.len() + 2 * manifest.model.num_layers
+    );
 }
 
 #[test]

@@ -95,7 +95,7 @@ pub mod rope;
 
 use std::collections::BTreeMap;
 
-use tlaloc_artifact::step::{KvPool, PoolOperand, StepInput};
+use tlaloc_artifact::step::{KvPool, PoolOperand, StepInput, StepOutput};
 use tlaloc_artifact::tensor_parallel::POOL_SPLIT_AXIS;
 use tlaloc_artifact::{BlockFormat, Dtype, KvCacheLayout, LadderPoint, kernels};
 use tlaloc_hlo::{
@@ -1120,12 +1120,17 @@ fn build(
         );
         g.f.arg_named(input.name(), ty)
     };
-    let token_ids = step_arg(StepInput::TokenIds)?;
+    let mut step_args = Vec::with_capacity(StepInput::ALL.len());
+    for input in StepInput::ALL {
+        step_args.push(step_arg(input)?);
+    }
+    let step_value = |input: StepInput| step_args[input.index()];
+    let token_ids = step_value(StepInput::TokenIds);
     let inputs = Inputs {
-        positions: step_arg(StepInput::Positions)?,
-        block_tables: step_arg(StepInput::BlockTables)?,
-        seq_lens: step_arg(StepInput::SeqLens)?,
-        slot_mapping: step_arg(StepInput::SlotMapping)?,
+        positions: step_value(StepInput::Positions),
+        block_tables: step_value(StepInput::BlockTables),
+        seq_lens: step_value(StepInput::SeqLens),
+        slot_mapping: step_value(StepInput::SlotMapping),
     };
     for slot in &plan.slots {
         // Checked by forward_program before building.
@@ -1159,14 +1164,7 @@ fn build(
 
     let tp = plan.tensor_parallel;
     if tp > 1 {
-        let step = [
-            token_ids,
-            inputs.positions,
-            inputs.block_tables,
-            inputs.seq_lens,
-            inputs.slot_mapping,
-        ];
-        shard_operands(g, plan, &step, &pool_args)?;
+        shard_operands(g, plan, &step_args, &pool_args)?;
     }
 
     // Embedding and the RoPE rows of every token.
@@ -1471,6 +1469,12 @@ fn build(
         next_seq_lens,
         next_slots,
     ];
+    debug_assert_eq!(results.len(), StepOutput::ALL.len());
+    for input in StepInput::ALL {
+        if let Some(output) = input.donated_to(point) {
+            g.f.donate(step_args[input.index()], output.index())?;
+        }
+    }
     for (i, &arg) in pool_args.iter().enumerate() {
         g.f.donate(arg, results.len() + i)?;
         if tp > 1 {

@@ -64,9 +64,19 @@ pub fn body(b: usize, t: usize, c: usize, num_blocks: usize) -> String {
 "#
         )
     };
+    // A decode entry donates tokenIds, positions, seqLens and slotMapping to the outputs that
+    // carry them to the next step (nextTokenIds, nextPositions, nextSeqLens, nextSlotMapping).
+    let carried = |output: usize| {
+        if t == 1 {
+            format!(" {{tf.aliasing_output = {output} : i32}}")
+        } else {
+            String::new()
+        }
+    };
+    let (a0, a1, a3, a4) = (carried(2), carried(3), carried(4), carried(5));
     let mut s = String::new();
     s += &format!(
-        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>, %arg1: tensor<{b}x{t}xi32>, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>, %arg4: tensor<{bt}xi32>, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 6 : i32}}, %arg7: {pool} {{tf.aliasing_output = 7 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, tensor<{b}x1xi32>, tensor<{b}xi32>, tensor<{b}xi32>, {pool}, {pool}) {{\n"
+        "module @toy_b{b}_t{t}_c{c} {{\n  func.func public @main(%arg0: tensor<{b}x{t}xi32>{a0}, %arg1: tensor<{b}x{t}xi32>{a1}, %arg2: tensor<{b}x{cols}xi32>, %arg3: tensor<{b}xi32>{a3}, %arg4: tensor<{bt}xi32>{a4}, %arg5: tensor<{v}xf32>, %arg6: {pool} {{tf.aliasing_output = 6 : i32}}, %arg7: {pool} {{tf.aliasing_output = 7 : i32}}) -> (tensor<{b}x{v}xf32>, tensor<{b}xi32>, tensor<{b}x1xi32>, tensor<{b}x1xi32>, tensor<{b}xi32>, tensor<{b}xi32>, {pool}, {pool}) {{\n"
     );
     s += &format!(
         r#"    %tokf = "stablehlo.convert"(%arg0) : (tensor<{b}x{t}xi32>) -> tensor<{b}x{t}xf32>
