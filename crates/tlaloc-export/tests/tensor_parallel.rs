@@ -601,9 +601,13 @@ fn a_split_export_stores_shards_and_annotates_its_programs() {
         "{}",
         &decode[..200]
     );
+    // tokenIds, replicated and donated to nextTokenIds (a decode entry).
+    let token_ids = format!(
+        "%arg0: tensor<1x1xi32> {{mhlo.sharding = \"{{replicated}}\", tf.aliasing_output = {} : i32}} loc(\"tokenIds\")",
+        StepOutput::NextTokenIds.index()
+    );
+    assert!(decode.contains(&token_ids), "{token_ids} missing");
     for annotation in [
-        // tokenIds, replicated.
-        "%arg0: tensor<1x1xi32> {mhlo.sharding = \"{replicated}\"} loc(\"tokenIds\")",
         // The embedding, split over the vocabulary.
         "{mhlo.sharding = \"{devices=[2,1]0,1}\"} loc(\"embed_tokens\")",
         // An o projection, over its input features.
