@@ -12,9 +12,11 @@
 //! `DeviceAssignmentProto.replica_count = 1`, `computation_count = 2` (int32),
 //! `computation_devices = 3` (repeated message, one per computation, i.e. per partition);
 //! `DeviceAssignmentProto.ComputationDevice.replica_device_ids = 1` (repeated int64, written
-//! packed as proto3 does).
+//! packed as proto3 does); `CompileOptionsProto.env_option_overrides = 7` (a
+//! `map<string, OptionOverrideProto>`, on the wire one entry message per key: `key = 1`,
+//! `value = 2`), `OptionOverrideProto.string_field = 1`, `bool_field = 2`, `int_field = 3`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::{Error, Result};
 
@@ -110,6 +112,40 @@ impl DeviceAssignment {
     }
 }
 
+/// The value of one XLA compiler option ([`CompileOptions::xla_options`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum XlaOptionValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+}
+
+impl XlaOptionValue {
+    /// `true`/`false` as a bool, an integer as an int, anything else as a string: how the
+    /// options are written on a command line (`xla_gpu_enable_command_buffer=` is the empty
+    /// string).
+    pub fn parse(text: &str) -> XlaOptionValue {
+        match text {
+            "true" => XlaOptionValue::Bool(true),
+            "false" => XlaOptionValue::Bool(false),
+            _ => text
+                .parse::<i64>()
+                .map(XlaOptionValue::Int)
+                .unwrap_or_else(|_| XlaOptionValue::String(text.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for XlaOptionValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            XlaOptionValue::Bool(v) => write!(f, "{v}"),
+            XlaOptionValue::Int(v) => write!(f, "{v}"),
+            XlaOptionValue::String(v) => f.write_str(v),
+        }
+    }
+}
+
 /// Typed compile options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompileOptions {
@@ -120,6 +156,11 @@ pub struct CompileOptions {
     /// must have `num_replicas` replicas and `num_partitions` partitions
     /// ([`Client::compile`](crate::Client::compile) refuses it otherwise).
     pub device_assignment: Option<DeviceAssignment>,
+    /// XLA compiler options (fields of `xla.DebugOptions`, e.g. `xla_gpu_enable_command_buffer`)
+    /// for this compile alone, sent as the proto's `env_option_overrides`: unlike `XLA_FLAGS`
+    /// they belong to one executable, not to the process. A name XLA does not know is refused
+    /// by the plugin when compiling. Kept sorted, so equal options encode to equal bytes.
+    pub xla_options: BTreeMap<String, XlaOptionValue>,
 }
 
 impl Default for CompileOptions {
@@ -129,6 +170,7 @@ impl Default for CompileOptions {
             num_partitions: 1,
             use_spmd_partitioning: false,
             device_assignment: None,
+            xla_options: BTreeMap::new(),
         }
     }
 }
@@ -160,6 +202,7 @@ impl CompileOptions {
             })?,
             use_spmd_partitioning: true,
             device_assignment: Some(assignment),
+            xla_options: BTreeMap::new(),
         })
     }
 
@@ -184,7 +227,8 @@ impl CompileOptions {
     ///
     /// `device_ordinal` is written as -1 ("not set"), the value XLA's own
     /// `ExecutableBuildOptions` serializes by default; `use_spmd_partitioning` only when true
-    /// (proto3 omits a false bool); `device_assignment` only when set.
+    /// (proto3 omits a false bool); `device_assignment` only when set; one
+    /// `env_option_overrides` entry per XLA option, in name order.
     pub fn to_proto_bytes(&self) -> Vec<u8> {
         let mut build = Vec::new();
         put_tag(&mut build, 1, WIRE_VARINT);
@@ -208,8 +252,34 @@ impl CompileOptions {
         put_tag(&mut out, 3, WIRE_LEN);
         put_varint(&mut out, build.len() as u64);
         out.extend_from_slice(&build);
+        for (name, value) in &self.xla_options {
+            let mut value_bytes = Vec::new();
+            match value {
+                XlaOptionValue::String(text) => put_bytes(&mut value_bytes, 1, text.as_bytes()),
+                XlaOptionValue::Bool(flag) => {
+                    put_tag(&mut value_bytes, 2, WIRE_VARINT);
+                    put_varint(&mut value_bytes, u64::from(*flag));
+                }
+                XlaOptionValue::Int(number) => {
+                    put_tag(&mut value_bytes, 3, WIRE_VARINT);
+                    // int64: two's complement, as for device_ordinal above.
+                    put_varint(&mut value_bytes, *number as u64);
+                }
+            }
+            let mut entry = Vec::new();
+            put_bytes(&mut entry, 1, name.as_bytes());
+            put_bytes(&mut entry, 2, &value_bytes);
+            put_bytes(&mut out, 7, &entry);
+        }
         out
     }
+}
+
+/// A length-delimited field: tag, length, bytes.
+fn put_bytes(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    put_tag(out, field, WIRE_LEN);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
 }
 
 #[cfg(test)]
@@ -230,12 +300,39 @@ mod tests {
     }
 
     #[test]
+    fn xla_options_encode_as_env_option_override_entries_in_name_order() {
+        let mut options = CompileOptions::default();
+        options
+            .xla_options
+            .insert("b".into(), XlaOptionValue::parse("true"));
+        options
+            .xla_options
+            .insert("a".into(), XlaOptionValue::parse("-2"));
+        options
+            .xla_options
+            .insert("c".into(), XlaOptionValue::parse(""));
+        let mut expected = CompileOptions::default().to_proto_bytes();
+        expected.extend([
+            // 0x3a = field 7 (env_option_overrides), wire type 2; 16 bytes of entry:
+            // 0x0a 0x01 'a' = key; 0x12 = field 2 (value), 11 bytes of OptionOverrideProto:
+            // 0x18 = field 3 (int_field), -2 as a ten-byte two's complement varint.
+            0x3a, 0x10, 0x0a, 0x01, b'a', 0x12, 0x0b, 0x18, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0xff, 0xff, 0xff, 0x01, // key 'b', value: 0x10 = field 2 (bool_field), 1.
+            0x3a, 0x07, 0x0a, 0x01, b'b', 0x12, 0x02, 0x10, 0x01,
+            // key 'c', value: 0x0a = field 1 (string_field), empty.
+            0x3a, 0x07, 0x0a, 0x01, b'c', 0x12, 0x02, 0x0a, 0x00,
+        ]);
+        assert_eq!(options.to_proto_bytes(), expected);
+    }
+
+    #[test]
     fn spmd_and_large_counts_encode_as_varints() {
         let options = CompileOptions {
             num_replicas: 300,
             num_partitions: 2,
             use_spmd_partitioning: true,
             device_assignment: None,
+            xla_options: BTreeMap::new(),
         };
         // 300 = 0b10_0101100 -> 0xac 0x02; 0x30 = field 6 (use_spmd_partitioning), varint 1.
         let expected = [
@@ -275,6 +372,7 @@ mod tests {
             num_partitions: 1,
             use_spmd_partitioning: false,
             device_assignment: Some(DeviceAssignment::new(vec![vec![5, 300]]).unwrap()),
+            xla_options: BTreeMap::new(),
         };
         // 0x1a 0x1c: 28 bytes = 11 (device_ordinal) + 0x20 0x02 + 0x28 0x01 + 0x4a 0x0b + 11:
         //   0x08 0x02 replica_count 2, 0x10 0x01 computation_count 1,

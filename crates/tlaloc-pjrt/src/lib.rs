@@ -25,7 +25,7 @@ pub mod xla_ffi;
 
 pub use buffer::{Buffer, Element, ElementType, PendingHostCopy};
 pub use client::{Client, ClientOptions, Device, GpuAllocator, GpuOptions, MemoryStats};
-pub use compile_options::{CompileOptions, DeviceAssignment};
+pub use compile_options::{CompileOptions, DeviceAssignment, XlaOptionValue};
 pub use error::{Error, ErrorCode, Result};
 pub use event::Event;
 pub use executable::{ExecuteArg, LoadedExecutable};

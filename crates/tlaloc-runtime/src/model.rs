@@ -33,7 +33,7 @@
 //! [`LoadTimings`] is its own wall time, so with the overlap the phases add up to more than the
 //! total.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -47,7 +47,7 @@ use tlaloc_artifact::{
 use tlaloc_pjrt::discovery::{self, PluginRequest};
 use tlaloc_pjrt::{
     Buffer, Client, ClientOptions, CompileOptions, Device, ElementType, ExecuteArg, GpuOptions,
-    LoadedExecutable, PinnedHostMemory, Plugin,
+    LoadedExecutable, PinnedHostMemory, Plugin, XlaOptionValue,
 };
 
 use crate::bodies::{self, BodyChoice, KernelChoice};
@@ -95,6 +95,11 @@ pub struct LoadOptions {
     pub decode_chain_window: Duration,
     /// Whether entries may run a body variant the plugin supports (see [`crate::bodies`]).
     pub kernels: KernelChoice,
+    /// XLA compiler options for every entry this load compiles (`xla.DebugOptions` fields, e.g.
+    /// `xla_gpu_enable_command_buffer`), given to each compile rather than to the process as
+    /// `XLA_FLAGS` is. They are part of the compile options' bytes, so of the compile-cache key
+    /// and of the identity shipped executables are matched by.
+    pub xla_options: BTreeMap<String, XlaOptionValue>,
 }
 
 /// [`LoadOptions::max_decode_chain`] by default.
@@ -112,6 +117,7 @@ impl Default for LoadOptions {
             max_decode_chain: DEFAULT_MAX_DECODE_CHAIN,
             decode_chain_window: crate::executor::DECODE_CHAIN_WINDOW,
             kernels: KernelChoice::Auto,
+            xla_options: BTreeMap::new(),
         }
     }
 }
@@ -401,7 +407,8 @@ impl Model {
         let mut entries = plan_entries(&artifact, &choice)?;
         let shape = shape_of(&artifact);
         let cache = options.compile_cache.as_ref().map(CompileCache::new);
-        let compile_options = crate::tensor_parallel::compile_options(&opened.devices)?;
+        let mut compile_options = crate::tensor_parallel::compile_options(&opened.devices)?;
+        compile_options.xla_options = options.xla_options.clone();
         let kv = &artifact.manifest().kv_cache;
         let pool_specs: Vec<PoolSpec> = PoolOperand::all(kv)
             .iter()
@@ -641,7 +648,10 @@ pub fn compile_into_artifact(
     }
     let opened = open_client(options, 1)?;
     let cache = options.compile_cache.as_ref().map(CompileCache::new);
-    let compile_options = CompileOptions::default();
+    let compile_options = CompileOptions {
+        xla_options: options.xla_options.clone(),
+        ..CompileOptions::default()
+    };
     let compiler = Compiler {
         client: &opened.client,
         artifact: &artifact,

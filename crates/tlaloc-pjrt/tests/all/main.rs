@@ -9,3 +9,4 @@ mod pinned;
 mod plugin;
 mod spmd;
 mod xla_ffi_layout;
+mod xla_options;

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use tlaloc_pjrt::XlaOptionValue;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_pjrt::testing::test_plugin_paths;
 use tlaloc_runtime::scheduler::Scheduler;
@@ -163,6 +164,48 @@ fn the_compile_cache_serves_a_second_start_with_the_same_results() {
             warm_timings.compile
         );
         generates_the_reference(warm, &prompts()[6], 10);
+    }
+}
+
+#[test]
+fn xla_options_reach_every_compile_and_key_the_compile_cache() {
+    let (tmp, dir) = toy::temp(32);
+    for plugin in test_plugin_paths() {
+        let name = plugin.file_name().unwrap().to_string_lossy().into_owned();
+        let cache = tmp.path().join(format!("cache-{name}"));
+        let dumps = tmp.path().join(format!("dump-{name}"));
+        let plain = Model::load(
+            &dir,
+            &options(&plugin, Some(cache.clone()), CompileMode::Eager),
+        )
+        .unwrap();
+        let entries = plain.shape().ladder.points().len();
+        drop(plain);
+
+        // Same artifact and cache, one XLA option more: every entry compiles again (the option
+        // is in the key), under the option (XLA dumps each module there).
+        let mut with_option = options(&plugin, Some(cache), CompileMode::Eager);
+        with_option.xla_options.insert(
+            "xla_dump_to".into(),
+            XlaOptionValue::String(dumps.to_str().expect("utf-8 temp path").into()),
+        );
+        let dumped = Model::load(&dir, &with_option).unwrap();
+        let timings = dumped.load_timings().unwrap();
+        assert_eq!(
+            (timings.compiled, timings.cache_hits),
+            (entries, 0),
+            "{}",
+            plugin.display()
+        );
+        let modules = std::fs::read_dir(&dumps)
+            .map(|d| d.count())
+            .unwrap_or_default();
+        assert!(
+            modules >= entries,
+            "{}: {modules} dump files",
+            plugin.display()
+        );
+        generates_the_reference(dumped, &prompts()[4], 6);
     }
 }
 

@@ -2,10 +2,12 @@
 //! serialized executables in the artifact, listed under the identity of what compiled them, so
 //! a machine with the same plugin build and device kind starts without compiling.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use tlaloc_pjrt::XlaOptionValue;
 use tlaloc_pjrt::discovery::PluginRequest;
 use tlaloc_runtime::{LoadOptions, compile_into_artifact};
 
@@ -24,6 +26,8 @@ pub struct CompileArgs {
     /// Compile every entry from its text, reading and writing no cache.
     #[arg(long)]
     no_compile_cache: bool,
+    #[command(flatten)]
+    xla: super::generate::XlaArgs,
 }
 
 pub fn run(args: CompileArgs) -> Result<()> {
@@ -34,15 +38,21 @@ pub fn run(args: CompileArgs) -> Result<()> {
             .clone()
             .or(LoadOptions::default().compile_cache)
     };
-    compile_for(&args.artifact, &args.plugin, cache)
+    compile_for(&args.artifact, &args.plugin, cache, args.xla.options())
 }
 
 /// Compiles the artifact in `dir` with `plugin` and prints what was added (shared with
 /// `export --compile`).
-pub fn compile_for(dir: &Path, plugin: &str, compile_cache: Option<PathBuf>) -> Result<()> {
+pub fn compile_for(
+    dir: &Path,
+    plugin: &str,
+    compile_cache: Option<PathBuf>,
+    xla_options: BTreeMap<String, XlaOptionValue>,
+) -> Result<()> {
     let options = LoadOptions {
         plugin: PluginRequest::parse(plugin),
         compile_cache,
+        xla_options,
         // Every file is hashed before its executable is shipped beside it.
         verify: true,
         ..LoadOptions::default()

@@ -235,6 +235,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
             &args.out,
             plugin,
             tlaloc_runtime::LoadOptions::default().compile_cache,
+            Default::default(),
         )?;
     }
     Ok(())

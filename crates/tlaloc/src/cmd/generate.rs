@@ -6,6 +6,7 @@
 //! Also owns what `bench` shares with it: the plugin and compile-cache arguments and the
 //! load-time report.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use tlaloc_artifact::Artifact;
 use tlaloc_pjrt::discovery::PluginRequest;
-use tlaloc_pjrt::{GpuAllocator, GpuOptions};
+use tlaloc_pjrt::{GpuAllocator, GpuOptions, XlaOptionValue};
 use tlaloc_runtime::{
     CompileMode, DEFAULT_MAX_DECODE_CHAIN, DEFAULT_MAX_PREFILL_TOKENS, Engine, EngineHandle,
     EngineOptions, GenerateRequest, KernelChoice, LoadOptions, LoadTimings, SamplingParams,
@@ -64,6 +65,8 @@ pub struct EngineArgs {
     pub kernels: KernelsArg,
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub xla: XlaArgs,
 }
 
 /// The `--kernels` choices.
@@ -98,6 +101,40 @@ pub struct GpuArgs {
     /// The GPU plugin's device allocator (plugin default: bfc).
     #[arg(long, value_enum)]
     pub gpu_allocator: Option<GpuAllocatorArg>,
+}
+
+/// XLA compiler options for every entry compiled (any plugin).
+#[derive(Debug, Args)]
+pub struct XlaArgs {
+    /// An XLA compiler option (a field of `xla.DebugOptions`) for every entry this run
+    /// compiles, as NAME=VALUE, repeatable; e.g. `--xla-option xla_gpu_enable_command_buffer=`.
+    /// `true`/`false` are booleans, whole numbers integers, anything else a string. Unlike
+    /// `XLA_FLAGS` they are part of the compile-cache key and of the identity shipped
+    /// executables are matched by; a name the plugin does not know fails the compile.
+    #[arg(long = "xla-option", value_name = "NAME=VALUE", value_parser = xla_option)]
+    pub xla_options: Vec<(String, XlaOptionValue)>,
+}
+
+impl XlaArgs {
+    /// The options by name (the last of a repeated name wins, as on a command line).
+    pub fn options(&self) -> BTreeMap<String, XlaOptionValue> {
+        self.xla_options.iter().cloned().collect()
+    }
+}
+
+/// `NAME=VALUE` with a non-empty name of letters, digits and underscores.
+fn xla_option(text: &str) -> Result<(String, XlaOptionValue), String> {
+    let refused = || {
+        format!(
+            "`{text}` refused: an XLA option as NAME=VALUE, NAME a field of xla.DebugOptions \
+             (letters, digits, `_`), e.g. xla_gpu_enable_command_buffer="
+        )
+    };
+    let (name, value) = text.split_once('=').ok_or_else(refused)?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(refused());
+    }
+    Ok((name.to_string(), XlaOptionValue::parse(value)))
 }
 
 /// The `--gpu-allocator` choices, by the plugin's names.
@@ -163,6 +200,7 @@ impl EngineArgs {
             artifact_executables: !self.no_artifact_executables,
             gpu: self.gpu.options(),
             kernels: self.kernels.choice(),
+            xla_options: self.xla.options(),
             ..defaults
         }
     }
@@ -537,5 +575,40 @@ mod tests {
                 allocator: Some(GpuAllocator::CudaAsync),
             }
         );
+    }
+
+    #[test]
+    fn xla_options_parse_typed_values_and_refuse_what_is_not_name_equals_value() {
+        let parsed: Vec<(String, XlaOptionValue)> = [
+            "xla_gpu_enable_command_buffer=",
+            "xla_cpu_use_thunk_runtime=false",
+            "xla_gpu_autotune_level=0",
+            "xla_dump_to=/x=y",
+        ]
+        .iter()
+        .map(|text| xla_option(text).unwrap())
+        .collect();
+        assert_eq!(
+            parsed,
+            [
+                (
+                    "xla_gpu_enable_command_buffer".to_string(),
+                    XlaOptionValue::String(String::new())
+                ),
+                (
+                    "xla_cpu_use_thunk_runtime".to_string(),
+                    XlaOptionValue::Bool(false)
+                ),
+                ("xla_gpu_autotune_level".to_string(), XlaOptionValue::Int(0)),
+                (
+                    "xla_dump_to".to_string(),
+                    XlaOptionValue::String("/x=y".into())
+                ),
+            ]
+        );
+        for bad in ["xla_dump_to", "=1", "--xla_dump_to=x", "a b=1"] {
+            let err = xla_option(bad).unwrap_err();
+            assert!(err.contains(&format!("`{bad}` refused")), "{err}");
+        }
     }
 }

@@ -61,6 +61,8 @@ pub struct ServeArgs {
     max_decode_chain: usize,
     #[command(flatten)]
     gpu: crate::cmd::generate::GpuArgs,
+    #[command(flatten)]
+    xla: crate::cmd::generate::XlaArgs,
     /// Which bodies run: `auto` uses an entry's body variant where this plugin supports it
     /// (the CPU kernels, say), `portable` forces the portable StableHLO bodies.
     #[arg(long, value_enum, default_value_t = crate::cmd::generate::KernelsArg::Auto)]
@@ -140,6 +142,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_decode_chain: args.max_decode_chain,
         gpu: args.gpu.options(),
         kernels: args.kernels.choice(),
+        xla_options: args.xla.options(),
         ..LoadOptions::default()
     };
     let dir = artifact.root().to_owned();
