@@ -6,6 +6,9 @@
 # for each binary (scripts/gpu/profile.sh). The bench JSON of every run lands in OUT_DIR.
 #   bash scripts/gpu/compare_binaries.sh OUT_DIR BINARY_A BINARY_B
 # COMPARE_BATCHES (default 1,8,64,128), COMPARE_ROUNDS (default 2), COMPARE_PROFILE=0 (no profiles).
+# COMPARE_UPDATES=1 also checks that both binaries generate the same 96 greedy tokens from one
+# prompt, and counts XLA's command-buffer updates (and the allocations each changed) against its
+# executions over a batch-8 bench of each (TF_CPP_VMODULE=command_buffer_thunk=3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(realpath -m "${1:?usage: compare_binaries.sh OUT_DIR BINARY_A BINARY_B}")
@@ -58,6 +61,29 @@ for batch in batches:
     ratio = f"{(sum(b) / len(b)) / (sum(a) / len(a)):.3f}" if a and b else "-"
     print(f"| {batch} | {', '.join(f'{x:.3f}' for x in a)} | {', '.join(f'{x:.3f}' for x in b)} | {ratio} |")
 PY
+if [ "${COMPARE_UPDATES:-0}" = 1 ]; then
+  prompt=$(python3 -c "print(','.join(str(3 + 7 * i % 31000) for i in range(100)))")
+  for side in a b; do
+    bin=${!side}
+    log "same tokens and command-buffer updates, $side"
+    "$bin" generate --artifact "$work/$side.tlaloc" --plugin cuda --prompt-ids "$prompt" \
+      --max-new-tokens 96 --ignore-eos --json > "$out/generate-$side.json" 2> "$out/generate-$side.log" \
+      || tail -5 "$out/generate-$side.log"
+    TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3 "$bin" bench --artifact "$work/$side.tlaloc" \
+      --plugin cuda --batch 8 --prompt-len 320 --gen-len 32 --json > "$out/updates-$side.json" 2> "$out/updates-$side.log" \
+      || tail -5 "$out/updates-$side.log"
+    echo "$side: $(grep -c 'Update command buffer' "$out/updates-$side.log") updates," \
+      "$(grep -c 'Execute command buffer on device' "$out/updates-$side.log") executions; changed allocations per update:" \
+      "$(grep -o 'updated_allocs=[0-9]*' "$out/updates-$side.log" | sort | uniq -c | sort -rn | head -3 | tr '\n' ' ')"
+    gzip -f "$out/updates-$side.log"
+  done
+  python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+a, b = (json.load(open(f"{out}/generate-{s}.json"))["generated_ids"] for s in "ab")
+print("generated ids:", "equal" if a == b else f"DIFFER at {next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)}")
+PY
+fi
 for side in $( [ "${COMPARE_PROFILE:-1}" = 1 ] && echo a b ); do
   log "profile $side"
   TLALOC=${!side} TLALOC_GPU_WORK=$work timeout "${PROFILE_SECONDS:-180}" \
